@@ -1,0 +1,122 @@
+"""Backend discovery: which training, rollout and kernel backends are installed.
+
+Backend packages (verl-fsdp, verl-megatron, verl-rollout, verl-kernels) declare `BackendSpec`s and
+register them under the entry-point group `verl.backends`. The core never imports a backend's engine
+code; it only reads these specs to check a recipe and, later, to load the engine a recipe names.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.metadata
+import importlib.util
+import pkgutil
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Dict, List, Literal, Mapping, Optional, Tuple
+
+from verl.config.errors import ConfigProblem
+
+ENTRY_POINT_GROUP = "verl.backends"
+BackendKind = Literal["train", "rollout", "kernels"]
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    name: str  # what a recipe writes: actor.backend: fsdp
+    kind: BackendKind
+    package: str  # the distribution that provides it
+    requires: Tuple[str, ...] = ()  # third-party modules it imports at run time
+    extra: Optional[str] = None  # pip requirement that brings `requires`, e.g. "verl-rollout[vllm]"
+
+    def missing_requirements(self) -> List[str]:
+        return [m for m in self.requires if not _module_available(m)]
+
+
+# Every backend the project ships, so a recipe naming one whose package is absent gets the package to install.
+KNOWN_BACKENDS: Mapping[str, Tuple[BackendKind, str]] = {
+    "fsdp": ("train", "verl-fsdp"),
+    "megatron": ("train", "verl-megatron"),
+    "hf": ("rollout", "verl-rollout"),
+    "vllm": ("rollout", "verl-rollout"),
+    "sglang": ("rollout", "verl-rollout"),
+    "torch": ("kernels", "verl-kernels"),
+    "triton": ("kernels", "verl-kernels"),
+}
+
+
+def _module_available(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent package missing raises instead of returning None
+        return False
+
+
+@lru_cache(maxsize=1)
+def installed_backends() -> Dict[str, BackendSpec]:
+    """Backends registered by installed packages, keyed by name."""
+    found: Dict[str, BackendSpec] = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        spec = ep.load()
+        found[spec.name] = spec
+    # Source checkouts (and Pants sandboxes) run backend packages without installed metadata:
+    # find them by their import name, verl_<something>, each exposing <pkg>.backends.BACKENDS.
+    for module in pkgutil.iter_modules():
+        if module.name.startswith("verl_") and _module_available(f"{module.name}.backends"):
+            for spec in importlib.import_module(f"{module.name}.backends").BACKENDS:
+                found.setdefault(spec.name, spec)
+    return found
+
+
+def check_backend(
+    key: str,
+    name: str,
+    kind: BackendKind,
+    installed: Optional[Mapping[str, BackendSpec]] = None,
+    strict: bool = True,
+) -> List[ConfigProblem]:
+    """Problems with `key: name` (e.g. `rollout.backend: vllm`); empty when it can run here.
+
+    A missing third-party library (vllm on a laptop planning a cluster run) is an error only when
+    `strict`; planning a run elsewhere makes it a warning.
+    """
+    installed = installed_backends() if installed is None else installed
+    kinds = {n: k for n, (k, _) in KNOWN_BACKENDS.items()} | {n: s.kind for n, s in installed.items()}
+    known = {n for n, k in kinds.items() if k == kind}
+    if name in kinds and kinds[name] != kind:
+        return [
+            ConfigProblem(
+                key,
+                f"'{name}' is a {kinds[name]} backend, not a {kind} backend",
+                f"known {kind} backends: {', '.join(sorted(known))}",
+            )
+        ]
+    if name not in known:
+        close = difflib.get_close_matches(name, sorted(known), n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        return [
+            ConfigProblem(key, f"unknown {kind} backend '{name}'", f"{hint}known: {', '.join(sorted(known))}")
+        ]
+    spec = installed.get(name)
+    if spec is None:
+        package = KNOWN_BACKENDS[name][1]
+        return [
+            ConfigProblem(
+                key,
+                f"backend '{name}' is provided by the package '{package}', which is not installed",
+                f"pip install {package}",
+            )
+        ]
+    missing = spec.missing_requirements()
+    if missing:
+        install = f"pip install {spec.extra}" if spec.extra else f"pip install {' '.join(missing)}"
+        return [
+            ConfigProblem(
+                key,
+                f"backend '{name}' needs {', '.join(repr(m) for m in missing)}, not importable here",
+                install,
+                severity="error" if strict else "warning",
+            )
+        ]
+    return []

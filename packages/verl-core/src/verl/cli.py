@@ -1,0 +1,202 @@
+"""The `verl` command: validate a recipe, plan (or start) a training run, report what is installed.
+
+    verl validate RECIPE [key=value ...]
+    verl train RECIPE [--dry-run] [key=value ...]
+    verl info
+
+Exit codes: 0 success, 2 a bad recipe or bad arguments (every problem is printed to stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import sys
+from typing import Any, List, Optional, Sequence, TextIO, Tuple
+
+from verl.config.errors import ConfigError, ConfigProblem
+
+EXIT_OK = 0
+EXIT_BAD_CONFIG = 2
+
+LIBRARIES = ("torch", "transformers", "ray", "megatron-core", "vllm", "sglang", "triton", "tensordict", "omegaconf")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="verl", description="RL post-training for LLMs (HybridFlow).")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{validate,train,info}")
+    validate = sub.add_parser("validate", help="check a recipe and print the resolved config and plan")
+    validate.add_argument("recipe", help="a recipe YAML file")
+    validate.add_argument("overrides", nargs="*", help="key=value overrides, applied in order")
+    train = sub.add_parser("train", help="train with a recipe")
+    train.add_argument("recipe", help="a recipe YAML file")
+    train.add_argument("overrides", nargs="*", help="key=value overrides, applied in order")
+    train.add_argument("--dry-run", action="store_true", help="validate and plan only; start nothing")
+    sub.add_parser("info", help="installed backends, library versions and devices")
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse argv, accepting options anywhere after the recipe (a build tool appends user args last)."""
+    parser = _parser()
+    # parse_args stops filling `overrides` at the first option, so `r.yaml --dry-run a=1` would reject
+    # `a=1`; parse_known_args hands those back in order and they join the overrides.
+    args, rest = parser.parse_known_args(list(argv))
+    unknown = [a for a in rest if a.startswith("-")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if rest and args.command == "info":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if rest:
+        args.overrides = list(args.overrides) + rest
+    return args
+
+
+def _print_problems(problems: Sequence[ConfigProblem], stream: TextIO) -> None:
+    for problem in problems:
+        print(problem.format(), file=stream)
+    n_err = sum(p.severity == "error" for p in problems)
+    n_warn = len(problems) - n_err
+    if problems:
+        print(f"{n_err} error{'s' if n_err != 1 else ''}, {n_warn} warning{'s' if n_warn != 1 else ''}", file=stream)
+
+
+def _load(recipe: str, overrides: Sequence[str]) -> Tuple[Any, List[ConfigProblem]]:
+    """The loaded config, or None and the problems that stopped it loading."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    from verl.config.loader import load_config  # written alongside; imported here so this module loads without it
+
+    try:
+        return load_config(recipe, overrides), []
+    except ConfigError as e:
+        return None, e.problems
+    except (OSError, OmegaConfBaseException) as e:
+        return None, [ConfigProblem("", f"cannot load '{recipe}': {e}", location=recipe)]
+
+
+def _check(recipe: str, overrides: Sequence[str], strict: bool, show_config: bool) -> Tuple[Any, Any, int]:
+    """Load, validate, print (config, plan, problems); returns (cfg, plan, exit code)."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    from verl.config.validate import errors, validate
+    from verl.placement import format_plan, make_plan
+
+    cfg, problems = _load(recipe, overrides)
+    if cfg is None:
+        _print_problems(problems, sys.stderr)
+        return None, None, EXIT_BAD_CONFIG
+    try:
+        problems = validate(cfg, strict=strict)
+        plan, _ = make_plan(cfg)  # its problems are among validate's
+        if show_config:
+            from verl.config.loader import to_yaml
+
+            print("# resolved config")
+            print(to_yaml(cfg, resolve=True).rstrip())
+            print()
+    except ConfigError as e:  # to_yaml: an interpolation that does not resolve
+        _print_problems(e.problems, sys.stderr)
+        return cfg, None, EXIT_BAD_CONFIG
+    except OmegaConfBaseException as e:
+        _print_problems([ConfigProblem("", f"cannot resolve the config: {e}", location=recipe)], sys.stderr)
+        return cfg, None, EXIT_BAD_CONFIG
+    print("# plan")
+    print(format_plan(plan) if plan is not None else "(no plan: fix the placement errors below)")
+    _print_problems(problems, sys.stderr)
+    return cfg, plan, EXIT_BAD_CONFIG if errors(problems) else EXIT_OK
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    # Planning a run for another machine: missing engines (vllm on a laptop) are only warnings.
+    _, _, code = _check(args.recipe, args.overrides, strict=False, show_config=True)
+    return code
+
+
+def start_trainer(cfg: Any, plan: Any) -> int:
+    """Start training: the one place the trainer loop plugs in once it is part of this package."""
+    print("verl: this build validates and plans only; the trainer loop is not part of this package yet.")
+    return EXIT_OK
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        _, _, code = _check(args.recipe, args.overrides, strict=False, show_config=True)
+        return code
+    cfg, plan, code = _check(args.recipe, args.overrides, strict=True, show_config=False)
+    if code != EXIT_OK:
+        return code
+    return start_trainer(cfg, plan)
+
+
+def _version(distribution: str) -> Optional[str]:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _backend_lines() -> List[str]:
+    from verl.backends import KNOWN_BACKENDS, installed_backends
+
+    installed = installed_backends()
+    lines = []
+    kinds = ("train", "rollout", "kernels")
+
+    def order(name: str) -> Tuple[int, str]:
+        kind = installed[name].kind if name in installed else KNOWN_BACKENDS[name][0]
+        return (kinds.index(kind) if kind in kinds else len(kinds), name)
+
+    for name in sorted(set(KNOWN_BACKENDS) | set(installed), key=order):
+        spec = installed.get(name)
+        if spec is None:
+            kind, package = KNOWN_BACKENDS[name]
+            lines.append(f"  {name:<9} {kind:<8} {package:<14} not installed (pip install {package})")
+            continue
+        version = _version(spec.package) or "source checkout"
+        missing = spec.missing_requirements()
+        needs = (
+            f"missing: {', '.join(missing)}" + (f" (pip install {spec.extra})" if spec.extra else "")
+            if missing
+            else "ready"
+        )
+        lines.append(f"  {name:<9} {spec.kind:<8} {spec.package:<14} {version:<16} {needs}")
+    return lines
+
+
+def _device_line() -> str:
+    try:
+        import torch
+    except ImportError:
+        return "CUDA: unknown (torch not installed)"
+    if torch.cuda.is_available():
+        return f"CUDA: available, {torch.cuda.device_count()} device(s)"
+    return "CUDA: not available"
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    print(f"verl-core {_version('verl-core') or 'source checkout'}, Python {sys.version.split()[0]}")
+    print("backends:")
+    for line in _backend_lines():
+        print(line)
+    print("libraries:")
+    for lib in LIBRARIES:
+        print(f"  {lib:<14} {_version(lib) or 'not installed'}")
+    print(_device_line())
+    return EXIT_OK
+
+
+COMMANDS = {"validate": cmd_validate, "train": cmd_train, "info": cmd_info}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of the `verl` console script; returns the exit code."""
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as e:  # argparse: --help (0) or a usage error (2), already printed
+        return e.code if isinstance(e.code, int) else EXIT_BAD_CONFIG
+    return COMMANDS[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,531 @@
+"""Load a recipe: a YAML file plus `key=value` overrides, merged onto the `VerlConfig` schema.
+
+Every problem is collected before anything is raised, so one run of the CLI shows them all:
+YAML syntax, unknown keys (with a did-you-mean and the file:line:col of the key), wrong types,
+required values left `???`, and interpolations that do not resolve.
+
+We walk the user's data against the schema dataclasses ourselves instead of a single
+`OmegaConf.merge`, because OmegaConf stops at the first bad key and knows nothing of file lines.
+Each known key is still merged by OmegaConf, one at a time, so its conversion rules apply ("1" -> 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any, Union
+
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import InterpolationToMissingValueError, OmegaConfBaseException
+
+from verl.config.errors import ConfigError, ConfigProblem
+from verl.config.schema import VerlConfig
+
+KeyPath = tuple[str | int, ...]  # str for mapping keys, int for list indices
+Locate = Callable[[KeyPath], str | None]
+Container = DictConfig | ListConfig
+
+__all__ = ["load_config", "parse_overrides", "to_yaml"]
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> DictConfig:
+    """Recipe file + key=value overrides merged onto the schema; raises ConfigError listing every problem."""
+    cfg = OmegaConf.structured(VerlConfig)
+    data, locations, problems = _read_recipe(path)
+    if data:
+        _apply_section(cfg, VerlConfig, data, (), lambda p: locations.get(_dotted(p)), problems)
+    for text in overrides:
+        parsed = _parse_override(text)
+        if isinstance(parsed, ConfigProblem):
+            problems.append(parsed)
+            continue
+        key_path, value = parsed
+        where = f"override '{text}'"
+        locations[_dotted(key_path)] = where
+        _apply_section(cfg, VerlConfig, _nest(key_path, value), (), lambda _p, w=where: w, problems)
+    # An unreadable file would make every required key look missing: report only the file.
+    if data is not None:
+        problems += _missing_problems(cfg, locations, problems)
+        problems += _interpolation_problems(cfg, locations)
+    if any(p.severity == "error" for p in problems):
+        raise ConfigError(problems)
+    return cfg
+
+
+def parse_overrides(overrides: Sequence[str]) -> tuple[dict, list[ConfigProblem]]:
+    """Parse `a.b.c=value` strings (values as YAML) into one nested dict, plus a problem per bad one.
+
+    List indices stay as digit strings ("placement.pools.0.devices=4" -> {"placement": {"pools": {"0": ...}}});
+    `load_config` applies them to the existing list elements.
+    """
+    nested: dict = {}
+    problems: list[ConfigProblem] = []
+    for text in overrides:
+        parsed = _parse_override(text)
+        if isinstance(parsed, ConfigProblem):
+            problems.append(parsed)
+            continue
+        key_path, value = parsed
+        node = nested
+        for part in key_path[:-1]:
+            if not isinstance(node.get(part), dict):  # a later override wins over an earlier scalar
+                node[part] = {}
+            node = node[part]
+        node[key_path[-1]] = value
+    return nested, problems
+
+
+def to_yaml(cfg: DictConfig, resolve: bool = True) -> str:
+    """The config as YAML for printing; with resolve=True every ${...} is replaced by its value."""
+    try:
+        return OmegaConf.to_yaml(cfg, resolve=resolve)
+    except OmegaConfBaseException as e:
+        key = str(getattr(e, "full_key", "") or "")
+        raise ConfigError(
+            [ConfigProblem(key, f"cannot resolve: {_first_line(e)}", fix="point the interpolation at an existing key")]
+        ) from None
+
+
+# --------------------------------------------------------------------------- reading the file
+
+
+class _RecipeLoader(yaml.SafeLoader):
+    """SafeLoader with OmegaConf's scalar rules: `1e-6` is a float, dates stay strings."""
+
+
+_RecipeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.VERBOSE,
+    ),
+    list("-+0123456789."),
+)
+_RecipeLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in _RecipeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def _read_recipe(path: str | os.PathLike) -> tuple[Mapping | None, dict[str, str], list[ConfigProblem]]:
+    """The file's data (None when unusable), "file:line:col" of every key by dotted path, and problems."""
+    name = os.fspath(path)
+    try:
+        text = Path(name).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        fix = f"check the path (relative paths start at {os.getcwd()})"
+        return None, {}, [ConfigProblem("", f"recipe file '{name}' not found", fix=fix, location=name)]
+    except (OSError, UnicodeDecodeError) as e:
+        return None, {}, [ConfigProblem("", f"cannot read recipe file '{name}': {e}", location=name)]
+
+    loader = _RecipeLoader(text)
+    try:
+        # Compose first: the node tree keeps each key's line/column, the plain data does not.
+        node = loader.get_single_node()
+        locations: dict[str, str] = {}
+        problems: list[ConfigProblem] = []
+        if node is not None:
+            _record_locations(node, (), name, locations, problems, set())
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as e:
+        return None, {}, [_yaml_problem(e, name)]
+    except yaml.YAMLError as e:
+        return None, {}, [ConfigProblem("", f"invalid YAML: {e}", location=name)]
+    finally:
+        loader.dispose()
+
+    if data is None:  # an empty recipe: everything comes from defaults and overrides
+        data = {}
+    if not isinstance(data, Mapping):
+        message = f"the top level must be a mapping of sections, got {_describe(data)}"
+        fix = "start the file with sections such as 'model:', 'data:', 'actor:'"
+        return None, {}, [ConfigProblem("", message, fix=fix, location=f"{name}:1:1")]
+    return data, locations, problems
+
+
+def _yaml_problem(e: yaml.MarkedYAMLError, name: str) -> ConfigProblem:
+    mark = e.problem_mark or e.context_mark
+    message = f"invalid YAML: {e.problem or e.context or 'syntax error'}"
+    if e.context and e.problem:
+        message += f" ({e.context})"
+    if mark is None:
+        return ConfigProblem("", message, location=name)
+    where = _mark(name, mark)
+    return ConfigProblem(
+        "", message, fix=f"fix the YAML at line {mark.line + 1}, column {mark.column + 1}", location=where
+    )
+
+
+def _mark(name: str, mark: yaml.Mark) -> str:
+    return f"{name}:{mark.line + 1}:{mark.column + 1}"  # yaml marks are 0-based
+
+
+def _record_locations(
+    node: yaml.Node, path: KeyPath, name: str, out: dict[str, str], problems: list[ConfigProblem], active: set
+) -> None:
+    """Walk the composed node tree: dotted key path -> location of the key (list items: of the item)."""
+    if id(node) in active:  # a recursive alias (&a [*a]) would loop forever
+        return
+    active.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        first_seen: dict[str, yaml.Mark] = {}
+        for key_node, value_node in node.value:
+            # '<<' merge keys and complex keys have no key path of their own.
+            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                continue
+            key_path = path + (key_node.value,)
+            dotted = _dotted(key_path)
+            if key_node.value in first_seen:
+                line = first_seen[key_node.value].line + 1
+                problems.append(
+                    ConfigProblem(
+                        dotted,
+                        f"duplicate key: this value would silently replace the one on line {line}",
+                        fix="keep only one of them",
+                        location=_mark(name, key_node.start_mark),
+                    )
+                )
+            first_seen[key_node.value] = key_node.start_mark
+            out[dotted] = _mark(name, key_node.start_mark)
+            _record_locations(value_node, key_path, name, out, problems, active)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            out[_dotted(path + (index,))] = _mark(name, item.start_mark)
+            _record_locations(item, path + (index,), name, out, problems, active)
+    active.discard(id(node))
+
+
+# --------------------------------------------------------------------------- overrides
+
+
+def _parse_override(text: str) -> tuple[KeyPath, Any] | ConfigProblem:
+    """`a.b.c=value` -> (("a", "b", "c"), value parsed as YAML), or a problem naming the override."""
+    where = f"override '{text}'"
+    if text[:1] in ("+", "~"):
+        return ConfigProblem(
+            text.lstrip("+~").split("=", 1)[0],
+            f"'{text[0]}' overrides are not supported: every key must already exist in the schema",
+            fix="drop the prefix and use KEY=VALUE with a key the schema defines",
+            location=where,
+        )
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep:
+        return ConfigProblem(
+            "",
+            f"malformed override '{text}': expected KEY=VALUE",
+            fix="write it as KEY=VALUE, e.g. actor.ppo_epochs=2",
+            location=where,
+        )
+    parts = tuple(key.split("."))
+    if not key or any(not part for part in parts):
+        return ConfigProblem(
+            key,
+            f"malformed override '{text}': empty key or key part",
+            fix="write it as KEY=VALUE, e.g. actor.ppo_epochs=2",
+            location=where,
+        )
+    if raw == "":  # `key=` means the empty string, as in Hydra; write key=null for None
+        return parts, ""
+    try:
+        return parts, yaml.load(raw, Loader=_RecipeLoader)
+    except yaml.YAMLError as e:
+        reason = getattr(e, "problem", None) or str(e)
+        return ConfigProblem(
+            key, f"cannot parse value {raw!r} as YAML: {reason}", fix="quote the value, e.g. key='text'", location=where
+        )
+
+
+def _nest(key_path: KeyPath, value: Any) -> dict:
+    for part in reversed(key_path):
+        value = {part: value}
+    return value
+
+
+# --------------------------------------------------------------------------- schema walk + merge
+
+
+@cache
+def _field_types(cls: type) -> dict[str, Any]:
+    """Field name -> resolved type (schema.py uses `from __future__ import annotations`, so strings)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _strip_optional(tp: Any) -> Any:
+    if typing.get_origin(tp) in (Union, types.UnionType):  # Optional[X] and X | None
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+def _list_element(tp: Any) -> Any | None:
+    """The element type of List[X] (Any when bare), or None when tp is not a list type."""
+    if typing.get_origin(tp) is list:
+        args = typing.get_args(tp)
+        return args[0] if args else Any
+    return None
+
+
+def _is_section(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _apply_section(
+    node: DictConfig, schema: type, data: Mapping, path: KeyPath, locate: Locate, problems: list[ConfigProblem]
+) -> None:
+    """Merge user data into one schema section key by key: unknown keys and bad values become problems."""
+    fields = _field_types(schema)
+    for raw_key, value in data.items():
+        key = str(raw_key)
+        key_path = path + (key,)
+        if key not in fields:
+            problems.append(_unknown_key(key_path, list(fields), locate(key_path)))
+            continue
+        _apply_value(node, key, fields[key], value, key_path, locate, problems)
+
+
+def _apply_value(
+    parent: Container,
+    key: str | int,
+    tp: Any,
+    value: Any,
+    path: KeyPath,
+    locate: Locate,
+    problems: list[ConfigProblem],
+) -> None:
+    base = _strip_optional(tp)
+    element = _list_element(base)
+    if _is_section(base) and isinstance(value, Mapping):
+        if not _make_section(parent, key, tp, path, locate, problems):
+            return
+        _apply_section(parent[key], base, value, path, locate, problems)
+    elif _is_section(element) and isinstance(value, list):
+        # Lay down default elements, then fill each one so a bad key inside gets its own path and line.
+        if _merge(parent, key, [{} for _ in value], tp, path, locate, problems):
+            for index, item in enumerate(value):
+                _apply_value(parent[key], index, element, item, path + (index,), locate, problems)
+    elif isinstance(value, Mapping) and value and all(_is_index(k) for k in value) and _is_list(parent, key):
+        _apply_indices(parent[key], element if element is not None else Any, value, path, locate, problems)
+    else:
+        _merge(parent, key, value, tp, path, locate, problems)
+
+
+def _make_section(
+    parent: Container, key: str | int, tp: Any, path: KeyPath, locate: Locate, problems: list[ConfigProblem]
+) -> bool:
+    """Give a None or interpolated section a concrete value, so keys can be merged into it."""
+    if OmegaConf.is_interpolation(parent, key):
+        # ref.parallel: ${actor.parallel} then ref.parallel.tp=2 means "the actor's layout with tp=2".
+        try:
+            start = OmegaConf.to_container(parent[key], resolve=True)
+        except OmegaConfBaseException:
+            start = {}
+        return _merge(parent, key, start if start is not None else {}, tp, path, locate, problems)
+    if OmegaConf.is_missing(parent, key) or parent[key] is None:
+        return _merge(parent, key, {}, tp, path, locate, problems)
+    return True
+
+
+def _apply_indices(
+    node: ListConfig, element: Any, value: Mapping, path: KeyPath, locate: Locate, problems: list[ConfigProblem]
+) -> None:
+    """Overrides such as placement.pools.0.devices=4 address elements of an existing list."""
+    for raw_index, item in value.items():
+        index = int(raw_index)
+        if not 0 <= index < len(node):
+            problems.append(
+                ConfigProblem(
+                    _dotted(path + (index,)),
+                    f"list index {index} out of range: the list has {len(node)} element(s)",
+                    fix=f"use an index below {len(node)}, or set the whole list {_dotted(path)}=[...]",
+                    location=locate(path + (index,)),
+                )
+            )
+            continue
+        _apply_value(node, index, element, item, path + (index,), locate, problems)
+
+
+def _merge(
+    parent: Container,
+    key: str | int,
+    value: Any,
+    tp: Any,
+    path: KeyPath,
+    locate: Locate,
+    problems: list[ConfigProblem],
+) -> bool:
+    """Let OmegaConf convert and check one value; a failure becomes a problem at that key."""
+    try:
+        if isinstance(parent, ListConfig):
+            # OmegaConf.update converts list elements without the deprecated implicit-assignment path.
+            OmegaConf.update(parent, str(key), value, merge=True)
+        else:
+            parent.merge_with({key: value})
+        return True
+    except OmegaConfBaseException as e:
+        problems.append(_type_problem(path, tp, value, e, locate(path)))
+        return False
+
+
+def _is_index(key: Any) -> bool:
+    return isinstance(key, int) or (isinstance(key, str) and key.isdigit())
+
+
+def _is_list(parent: Container, key: str | int) -> bool:
+    if OmegaConf.is_missing(parent, key) or OmegaConf.is_interpolation(parent, key):
+        return False
+    return isinstance(parent[key], ListConfig)
+
+
+# --------------------------------------------------------------------------- problem wording
+
+
+def _unknown_key(path: KeyPath, valid: list[str], location: str | None) -> ConfigProblem:
+    key = str(path[-1])
+    guess = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    section = _dotted(path[:-1]) or "the top level"
+    if guess:
+        message = f"unknown key '{key}'; did you mean '{guess[0]}'?"
+        fix = f"rename it to {_dotted(path[:-1] + (guess[0],))}"
+    else:
+        message = f"unknown key '{key}' in {section}"
+        fix = f"valid keys in {section}: {', '.join(sorted(valid))}"
+    return ConfigProblem(_dotted(path), message, fix=fix, location=location)
+
+
+def _type_problem(path: KeyPath, tp: Any, value: Any, error: Exception, location: str | None) -> ConfigProblem:
+    expected = _type_name(tp)
+    message = f"expected {expected}, got {_describe(value)}"
+    if isinstance(value, (list, dict)):  # say which element failed; for scalars the line above says it all
+        message += f" ({_first_line(error)})"
+    return ConfigProblem(
+        _dotted(path), message, fix=f"give {_dotted(path)} a value of type {expected}", location=location
+    )
+
+
+def _type_name(tp: Any) -> str:
+    if tp is Any:
+        return "any value"
+    base = _strip_optional(tp)
+    if base is not tp:
+        return f"{_type_name(base)} or null"
+    element = _list_element(tp)
+    if element is not None:
+        return f"list of {_type_name(element)}"
+    if typing.get_origin(tp) is dict:
+        return "mapping"
+    if _is_section(tp):
+        return f"mapping ({tp.__name__})"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _dotted(path: KeyPath) -> str:
+    return ".".join(str(part) for part in path)
+
+
+def _nearest_location(locations: dict[str, str], path: KeyPath) -> str | None:
+    """The location of the key, or of its closest ancestor that the user wrote."""
+    for end in range(len(path), 0, -1):
+        where = locations.get(_dotted(path[:end]))
+        if where:
+            return where
+    return None
+
+
+# --------------------------------------------------------------------------- checks after the merge
+
+
+def _walk(node: Container, path: KeyPath = ()):
+    """Yield (parent, key, path) for every key, without resolving interpolations or missing values."""
+    keys = list(node.keys()) if isinstance(node, DictConfig) else range(len(node))
+    for key in keys:
+        key_path = path + (key,)
+        yield node, key, key_path
+        if OmegaConf.is_missing(node, key) or OmegaConf.is_interpolation(node, key):
+            continue
+        child = node[key]
+        if isinstance(child, (DictConfig, ListConfig)):
+            yield from _walk(child, key_path)
+
+
+def _missing_problems(cfg: DictConfig, locations: dict[str, str], found: list[ConfigProblem]) -> list[ConfigProblem]:
+    reported = {p.key for p in found}
+    problems = []
+    for parent, key, path in _walk(cfg):
+        dotted = _dotted(path)
+        if not OmegaConf.is_missing(parent, key) or _suggested(dotted, found):
+            continue
+        # A key (or section) that already failed to merge keeps its default ???: one problem is enough.
+        if any(_dotted(path[:end]) in reported for end in range(1, len(path) + 1)):
+            continue
+        problems.append(
+            ConfigProblem(
+                dotted,
+                "missing required value",
+                fix=f"set {dotted} in the recipe or pass {dotted}=VALUE",
+                location=_nearest_location(locations, path),
+            )
+        )
+    return problems
+
+
+def _suggested(dotted: str, found: list[ConfigProblem]) -> bool:
+    """True when a typo'd key already suggests this one: its rename fix covers the missing value."""
+    parent, _, leaf = dotted.rpartition(".")
+    for p in found:
+        if p.key.rpartition(".")[0] == parent and f"did you mean '{leaf}'?" in p.message:
+            return True
+    return False
+
+
+def _interpolation_problems(cfg: DictConfig, locations: dict[str, str]) -> list[ConfigProblem]:
+    problems = []
+    for parent, key, path in _walk(cfg):
+        if not OmegaConf.is_interpolation(parent, key):
+            continue
+        try:
+            parent[key]
+        except InterpolationToMissingValueError:
+            continue  # the missing key it points at is reported on its own
+        except OmegaConfBaseException as e:
+            raw = OmegaConf.to_container(parent, resolve=False)[key]
+            problems.append(
+                ConfigProblem(
+                    _dotted(path),
+                    f"cannot resolve interpolation {raw!r}: {_first_line(e)}",
+                    fix="point it at an existing key with a value of the right type, e.g. ${tracking.project}",
+                    location=_nearest_location(locations, path),
+                )
+            )
+    return problems

@@ -1,0 +1,219 @@
+"""The run configuration: one dataclass per recipe section.
+
+OmegaConf checks types and unknown keys against these dataclasses; `verl.config.validate` checks what
+types cannot (batch sizes that divide, layouts that fit the devices, installed backends).
+Sizes follow one convention: `*_batch_size` counts prompts, `*_per_device` counts samples on one worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+ROLES = ("actor", "rollout", "ref", "critic")
+
+
+@dataclass
+class ParallelConfig:
+    """How one role splits its model over its workers: world = tp * pp * cp * dp (ep splits dp's experts)."""
+
+    tp: int = 1
+    pp: int = 1
+    vpp: Optional[int] = None  # virtual pipeline stages per pp rank (megatron interleaved schedule)
+    cp: int = 1
+    ep: int = 1
+    dp: Optional[int] = None  # None: derived from the devices of the role's pool
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    scheduler: str = "constant"  # constant | cosine
+    min_lr_ratio: float = 0.0
+    grad_clip: float = 1.0
+
+
+@dataclass
+class ModelConfig:
+    path: str = MISSING  # Hugging Face folder, or an embedded model such as "embedded:tiny-llama"
+    tokenizer_path: Optional[str] = None  # None: same as path
+    dtype: str = "bfloat16"  # parameter dtype on GPU; CPU runs compute in float32
+    trust_remote_code: bool = False
+    gradient_checkpointing: bool = False
+    override_config: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DataConfig:
+    train_files: List[str] = MISSING  # parquet files in verl's RL format, or "embedded:arithmetic"
+    val_files: List[str] = field(default_factory=list)
+    prompt_key: str = "prompt"
+    max_prompt_length: int = 512
+    max_response_length: int = 512
+    train_batch_size: int = MISSING  # prompts per step
+    val_batch_size: Optional[int] = None  # None: the whole validation set at once
+    shuffle: bool = True
+    filter_overlong_prompts: bool = True
+    dataset: Optional[Dict[str, Any]] = None  # {_target_: pkg.Dataset, ...} replaces the parquet dataset
+
+
+@dataclass
+class KLControlConfig:
+    type: str = "fixed"  # fixed | adaptive
+    kl_coef: float = 0.001
+    target_kl: float = 0.1
+    horizon: int = 10000
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"  # registry name: gae, grpo, rloo, reinforce_plus_plus, remax, opo, ...
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True  # False gives Dr.GRPO
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "low_var_kl"  # k1 | abs | mse | low_var_kl | full
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+
+
+@dataclass
+class ActorConfig:
+    backend: str = "fsdp"  # fsdp | megatron
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ppo_mini_batch_size: int = MISSING  # prompts per optimizer step (times rollout.n samples)
+    ppo_micro_batch_size_per_device: int = 1  # samples per forward/backward on one worker
+    ppo_epochs: int = 1
+    policy_loss: str = "vanilla"  # registry name: vanilla (PPO clip), dual_clip, gspo, cispo, ...
+    clip_ratio: float = 0.2
+    clip_ratio_low: Optional[float] = None  # None: clip_ratio
+    clip_ratio_high: Optional[float] = None  # None: clip_ratio (DAPO clip-higher sets it larger)
+    clip_ratio_c: float = 3.0  # dual-clip bound
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    log_prob_micro_batch_size_per_device: int = 8
+    use_fused_kernels: bool = False
+    fused_kernel_impl: str = "torch"  # torch | triton
+    param_offload: bool = False
+    optimizer_offload: bool = False
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = "hf"  # hf | vllm | sglang
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)  # generation layout: tp (and derived dp)
+    n: int = 1  # samples per prompt
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: off
+    max_new_tokens: Optional[int] = None  # None: data.max_response_length
+    gpu_memory_utilization: float = 0.5
+    enforce_eager: bool = False
+    free_cache_engine: bool = True  # release the KV cache while the actor trains (sleep/wake)
+    val_temperature: float = 0.0  # 0: greedy validation
+    log_prob_micro_batch_size_per_device: int = 8
+
+
+@dataclass
+class RefConfig:
+    enable: Optional[bool] = None  # None: on when actor.use_kl_loss or algorithm.use_kl_in_reward
+    backend: Optional[str] = None  # None: the actor's backend
+    parallel: Optional[ParallelConfig] = None  # None: the actor's layout
+    log_prob_micro_batch_size_per_device: int = 8
+    param_offload: bool = False
+
+
+@dataclass
+class CriticConfig:
+    enable: Optional[bool] = None  # None: on when the advantage estimator needs values (gae)
+    backend: str = "fsdp"
+    model_path: Optional[str] = None  # None: initialise from model.path with a fresh value head
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    ppo_mini_batch_size: Optional[int] = None  # None: actor.ppo_mini_batch_size
+    ppo_micro_batch_size_per_device: int = 1
+    ppo_epochs: Optional[int] = None  # None: actor.ppo_epochs
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+
+
+@dataclass
+class RewardConfig:
+    fn: Any = None  # a registered reward function name, or {_target_: pkg.module.fn, **kwargs}
+    model: Optional[Dict[str, Any]] = None  # a reward model: {_target_: pkg.Model, **kwargs}
+    clamp: Optional[List[float]] = None  # [low, high] applied to scores; NaN/inf are counted and clamped
+
+
+@dataclass
+class PoolConfig:
+    """A set of devices whose roles share them (colocated: the hybrid engine)."""
+
+    name: str = MISSING
+    roles: List[str] = MISSING
+    devices: Optional[int] = None  # None: every device not taken by the pools before it
+
+
+@dataclass
+class PlacementConfig:
+    nnodes: int = 1
+    devices_per_node: int = 1  # GPUs per node, or worker processes per node on CPU
+    device: str = "cpu"  # cpu | cuda
+    pools: List[PoolConfig] = field(
+        default_factory=lambda: [PoolConfig(name="hybrid", roles=["actor", "rollout", "ref", "critic"])]
+    )
+
+
+@dataclass
+class TrackingConfig:
+    loggers: List[str] = field(default_factory=lambda: ["console"])  # console | jsonl | wandb | tensorboard | prometheus
+    project: str = "verl"
+    experiment: str = "run"
+    wandb_mode: str = "online"  # online | offline
+    log_dir: Optional[str] = None  # None: <trainer.output_dir>/logs
+    prometheus_port: int = 9464
+
+
+@dataclass
+class CheckpointConfig:
+    save_every: int = 0  # steps; 0: only at the end
+    keep_last: int = 2
+    dir: Optional[str] = None  # None: <trainer.output_dir>/checkpoints
+    save_hf: bool = False  # also export a Hugging Face folder with each checkpoint
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: Optional[int] = None  # None: total_epochs over the training data
+    total_epochs: int = 1
+    seed: int = 1
+    output_dir: str = "outputs/${tracking.project}/${tracking.experiment}"
+    val_every: int = 0  # steps; 0: off
+    val_before_train: bool = True
+    log_every: int = 1
+    resume: str = "auto"  # auto | disable | <checkpoint dir>
+    controller: str = "ray"  # ray | local (in-process workers, for debugging)
+
+
+@dataclass
+class VerlConfig:
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

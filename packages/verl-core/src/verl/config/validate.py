@@ -1,0 +1,497 @@
+"""Checks a typed config cannot express: layouts that fit the devices, batch sizes that divide, backends.
+
+`validate` runs every check and returns every problem (errors and warnings), each with its dotted key
+and a concrete fix. The arithmetic lives in `verl.placement`; the checks here read its draft plan.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any, Callable, List, Mapping, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from verl.backends import BackendSpec, check_backend
+from verl.config.errors import ConfigProblem
+from verl.placement import (
+    TRAIN_ROLES,
+    Draft,
+    TrainBatch,
+    as_config,
+    draft_plan,
+    ref_inherits_parallel,
+    role_backend,
+    role_parallel,
+    value,
+)
+
+DEVICES = ("cpu", "cuda")
+LOGGERS = ("console", "jsonl", "wandb", "tensorboard", "prometheus")
+WANDB_MODES = ("online", "offline", "disabled")
+CONTROLLERS = ("ray", "local")
+SCHEDULERS = ("constant", "cosine")
+GROUP_ESTIMATORS = ("grpo", "rloo")  # advantages relative to the other samples of the same prompt
+
+
+@dataclass(frozen=True)
+class Context:
+    cfg: DictConfig
+    strict: bool
+    installed: Optional[Mapping[str, BackendSpec]]
+    draft: Draft
+
+
+Check = Callable[[Context], List[ConfigProblem]]
+
+
+def _error(key: str, message: str, fix: str = "") -> ConfigProblem:
+    return ConfigProblem(key, message, fix)
+
+
+def _warning(key: str, message: str, fix: str = "") -> ConfigProblem:
+    return ConfigProblem(key, message, fix, severity="warning")
+
+
+def _one_of(key: str, got: Any, allowed: Sequence[str]) -> List[ConfigProblem]:
+    if got in allowed:
+        return []
+    close = difflib.get_close_matches(str(got), allowed, n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    return [
+        _error(key, f"'{got}' is not one of {', '.join(allowed)}", f"{hint}set {key} to one of {', '.join(allowed)}")
+    ]
+
+
+def _nearest_divisors(n: int, x: int) -> str:
+    """The divisors of n closest to x (below and above), for 'use one of these' fixes."""
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    below = [d for d in divisors if d < x][-1:]
+    above = [d for d in divisors if d > x][:1]
+    return " or ".join(str(d) for d in below + above)
+
+
+def _nearest_multiples(x: int, m: int) -> str:
+    """The multiples of m closest to x."""
+    below, above = (x // m) * m, (x // m + 1) * m
+    return " or ".join(str(v) for v in (below, above) if v >= 1)
+
+
+def _train_roles(ctx: Context) -> List[str]:
+    """Enabled training roles with their own settings (a ref that inherits everything repeats the actor's problems)."""
+    cfg = ctx.cfg
+    return [
+        r
+        for r in TRAIN_ROLES
+        if r in ctx.draft.roles
+        and not (r == "ref" and value(cfg, "ref.backend") is None and ref_inherits_parallel(cfg))
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# placement
+# ---------------------------------------------------------------------------------------------
+
+
+def check_missing(ctx: Context) -> List[ConfigProblem]:
+    return [
+        _error(key, "required value is not set", f"set {key} in the recipe or as an override {key}=...")
+        for key in sorted(OmegaConf.missing_keys(ctx.cfg))
+    ]
+
+
+def check_placement(ctx: Context) -> List[ConfigProblem]:
+    """Pools, their devices and the roles in them (computed by verl.placement)."""
+    return list(ctx.draft.problems)
+
+
+def check_device(ctx: Context) -> List[ConfigProblem]:
+    return _one_of("placement.device", value(ctx.cfg, "placement.device"), DEVICES)
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def check_cuda_here(ctx: Context) -> List[ConfigProblem]:
+    # Only when strict: planning a GPU run from a laptop is fine.
+    if not ctx.strict or value(ctx.cfg, "placement.device") != "cuda" or _cuda_available():
+        return []
+    return [
+        _error(
+            "placement.device",
+            "placement.device=cuda but CUDA is not available here (torch.cuda.is_available() is False)",
+            "set placement.device=cpu, or run on a GPU node",
+        )
+    ]
+
+
+def check_controller(ctx: Context) -> List[ConfigProblem]:
+    controller = value(ctx.cfg, "trainer.controller")
+    problems = _one_of("trainer.controller", controller, CONTROLLERS)
+    nnodes = value(ctx.cfg, "placement.nnodes")
+    if controller == "local" and isinstance(nnodes, int) and nnodes > 1:
+        problems.append(
+            _error(
+                "trainer.controller",
+                f"the local controller runs workers in this process and cannot span placement.nnodes={nnodes} nodes",
+                "set trainer.controller=ray, or placement.nnodes=1",
+            )
+        )
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# layouts
+# ---------------------------------------------------------------------------------------------
+
+
+def _axes_not_one(cfg: DictConfig, role: str, axes: Sequence[str]) -> List[str]:
+    parallel = role_parallel(cfg, role)
+    return [a for a in axes if (parallel.get(a) or 1) != 1]
+
+
+def check_fsdp_layout(ctx: Context) -> List[ConfigProblem]:
+    """FSDP shards over data parallel ranks only."""
+    problems = []
+    for role in _train_roles(ctx):
+        if role_backend(ctx.cfg, role) != "fsdp":
+            continue
+        parallel = role_parallel(ctx.cfg, role)
+        for axis in _axes_not_one(ctx.cfg, role, ("tp", "pp", "cp", "ep")):
+            problems.append(
+                _error(
+                    f"{role}.parallel.{axis}",
+                    f"backend fsdp is data parallel only; {axis}={parallel[axis]} is not supported",
+                    f"set {role}.backend=megatron for {axis} > 1, or {role}.parallel.{axis}=1",
+                )
+            )
+    return problems
+
+
+def check_rollout_layout(ctx: Context) -> List[ConfigProblem]:
+    """A rollout engine splits over tp (and the derived dp) only."""
+    parallel = role_parallel(ctx.cfg, "rollout")
+    problems = [
+        _error(
+            f"rollout.parallel.{axis}",
+            f"rollouts support tensor parallelism only; {axis}={parallel[axis]} is not supported",
+            f"set rollout.parallel.{axis}=1 (use rollout.parallel.tp to split the model)",
+        )
+        for axis in _axes_not_one(ctx.cfg, "rollout", ("pp", "cp", "ep"))
+    ]
+    if parallel.get("vpp") is not None:
+        problems.append(
+            _error(
+                "rollout.parallel.vpp",
+                f"rollouts have no pipeline stages; vpp={parallel['vpp']}",
+                "set rollout.parallel.vpp=null",
+            )
+        )
+    return problems
+
+
+def check_virtual_pipeline(ctx: Context) -> List[ConfigProblem]:
+    problems = []
+    for role in _train_roles(ctx):
+        parallel = role_parallel(ctx.cfg, role)
+        vpp, pp = parallel.get("vpp"), parallel.get("pp") or 1
+        if vpp is not None and pp <= 1:
+            problems.append(
+                _error(
+                    f"{role}.parallel.vpp",
+                    f"vpp={vpp} needs pipeline parallelism, but {role}.parallel.pp={pp}",
+                    f"set {role}.parallel.pp to 2 or more, or {role}.parallel.vpp=null",
+                )
+            )
+    return problems
+
+
+def check_expert_parallel(ctx: Context) -> List[ConfigProblem]:
+    """Experts are split across ep ranks carved out of the dp*cp ranks."""
+    problems = []
+    for layout in ctx.draft.layouts:
+        if layout.role == "rollout" or (layout.dp * layout.cp) % layout.ep == 0:
+            continue
+        if layout.role == "ref" and ref_inherits_parallel(ctx.cfg) and ctx.draft.layout("actor") == layout:
+            continue
+        problems.append(
+            _error(
+                f"{layout.role}.parallel.ep",
+                f"ep={layout.ep} does not divide dp*cp = {layout.dp}*{layout.cp} = {layout.dp * layout.cp}",
+                f"ep values that fit: {_divisors_text(layout.dp * layout.cp)}",
+            )
+        )
+    return problems
+
+
+def _divisors_text(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def check_hybrid_engine(ctx: Context) -> List[ConfigProblem]:
+    """Colocated with a megatron actor, the rollout reshards inside one actor TP*PP group."""
+    cfg, draft = ctx.cfg, ctx.draft
+    if draft.pool_of("rollout") is None or draft.pool_of("rollout") != draft.pool_of("actor"):
+        return []
+    if role_backend(cfg, "actor") != "megatron":
+        return []
+    actor, rollout = role_parallel(cfg, "actor"), role_parallel(cfg, "rollout")
+    tp, pp, rollout_tp = actor.get("tp") or 1, actor.get("pp") or 1, rollout.get("tp") or 1
+    if min(tp, pp, rollout_tp) < 1 or (tp * pp) % rollout_tp == 0:
+        return []
+    return [
+        _error(
+            "rollout.parallel.tp",
+            f"rollout tp={rollout_tp} does not divide actor tp*pp = {tp}*{pp} = {tp * pp}; in pool "
+            f"'{draft.pool_of('rollout')}' the hybrid engine reshards the actor inside one model-parallel group",
+            f"rollout tp values that fit: {_divisors_text(tp * pp)}",
+        )
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# batch sizes
+# ---------------------------------------------------------------------------------------------
+
+
+def _positive_keys(ctx: Context) -> List[str]:
+    keys = [
+        "data.train_batch_size",
+        "data.val_batch_size",
+        "data.max_prompt_length",
+        "data.max_response_length",
+        "rollout.n",
+        "rollout.max_new_tokens",
+        "rollout.log_prob_micro_batch_size_per_device",
+        "actor.ppo_mini_batch_size",
+        "actor.ppo_micro_batch_size_per_device",
+        "actor.ppo_epochs",
+        "actor.log_prob_micro_batch_size_per_device",
+    ]
+    if "ref" in ctx.draft.roles:
+        keys.append("ref.log_prob_micro_batch_size_per_device")
+    if "critic" in ctx.draft.roles:
+        keys += ["critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_device", "critic.ppo_epochs"]
+    return keys
+
+
+def check_positive_sizes(ctx: Context) -> List[ConfigProblem]:
+    problems = []
+    for key in _positive_keys(ctx):
+        v = value(ctx.cfg, key)  # None: unset optional (or missing, reported by check_missing)
+        if v is not None and v < 1:
+            problems.append(_error(key, f"must be >= 1, got {v}", f"set {key} to a positive number"))
+    return problems
+
+
+def check_rollout_batch(ctx: Context) -> List[ConfigProblem]:
+    """Prompts are split over rollout DP replicas before each samples rollout.n responses."""
+    batch = ctx.draft.batch
+    if batch is None or batch.rollout_dp is None or batch.prompts_per_replica is not None:
+        return []
+    return [
+        _error(
+            "data.train_batch_size",
+            f"{batch.prompts} prompts do not split over rollout DP={batch.rollout_dp} "
+            f"(prompts go to rollout replicas before each samples n={batch.n})",
+            f"use a multiple of {batch.rollout_dp} (e.g. {_nearest_multiples(batch.prompts, batch.rollout_dp)}), "
+            "or change rollout.parallel.tp",
+        )
+    ]
+
+
+def _mini_key(ctx: Context, role: str) -> str:
+    if role == "critic" and value(ctx.cfg, "critic.ppo_mini_batch_size") is None:
+        return "critic.ppo_mini_batch_size"  # inherited from the actor; the key to set is still the critic's
+    return f"{role}.ppo_mini_batch_size"
+
+
+def _train_batch_problems(t: TrainBatch, mini_key: str) -> List[ConfigProblem]:
+    role, problems = t.role, []
+    if t.mini_batches is None:
+        problems.append(
+            _error(
+                mini_key,
+                f"data.train_batch_size={t.prompts} is not a multiple of {mini_key}={t.mini_prompts}",
+                f"set {mini_key} to a divisor of {t.prompts} (e.g. {_nearest_divisors(t.prompts, t.mini_prompts)})",
+            )
+        )
+    if t.dp is None:  # the role's layout did not resolve: reported with the placement
+        return problems
+    if t.per_rank is None:
+        problems.append(
+            _error(
+                mini_key,
+                f"a mini-batch of {t.mini_prompts} prompts x n={t.n} = {t.mini_samples} samples "
+                f"does not split over {role} DP={t.dp}",
+                f"make {mini_key} x rollout.n a multiple of {t.dp}, or change {role}.parallel",
+            )
+        )
+    elif t.micro_batches is None:
+        key = f"{role}.ppo_micro_batch_size_per_device"
+        problems.append(
+            _error(
+                key,
+                f"{t.per_rank} samples per DP rank ({t.mini_samples} samples / DP {t.dp}) "
+                f"is not a multiple of {key}={t.micro}",
+                f"set {key} to a divisor of {t.per_rank} (e.g. {_nearest_divisors(t.per_rank, t.micro)})",
+            )
+        )
+    return problems
+
+
+def check_train_batches(ctx: Context) -> List[ConfigProblem]:
+    """Actor and critic mini-batches split into DP shards and micro-batches."""
+    batch = ctx.draft.batch
+    if batch is None:
+        return []
+    return [p for t in batch.train for p in _train_batch_problems(t, _mini_key(ctx, t.role))]
+
+
+def check_log_prob_batches(ctx: Context) -> List[ConfigProblem]:
+    """Every sample of a step goes through actor, ref and critic forward passes split over their DP."""
+    batch = ctx.draft.batch
+    if batch is None:
+        return []
+    return [
+        _error(
+            "data.train_batch_size",
+            f"{batch.prompts} prompts x n={batch.n} = {p.samples} samples do not split over "
+            f"{p.role} DP={p.dp} (its forward pass over the whole step)",
+            f"make data.train_batch_size x rollout.n a multiple of {p.dp}, or change {p.role}.parallel",
+        )
+        for p in batch.log_prob
+        if p.per_rank is None
+    ]
+
+
+def check_group_size(ctx: Context) -> List[ConfigProblem]:
+    estimator, n = value(ctx.cfg, "algorithm.adv_estimator"), value(ctx.cfg, "rollout.n")
+    if estimator not in GROUP_ESTIMATORS or n != 1:
+        return []
+    return [
+        _warning(
+            "rollout.n",
+            f"rollout.n=1 with algorithm.adv_estimator={estimator}: groups of one sample give zero advantages",
+            "set rollout.n to 2 or more (e.g. 8)",
+        )
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# backends
+# ---------------------------------------------------------------------------------------------
+
+
+def check_backends(ctx: Context) -> List[ConfigProblem]:
+    cfg, roles = ctx.cfg, ctx.draft.roles
+    wanted = [
+        ("actor.backend", value(cfg, "actor.backend"), "train"),
+        ("rollout.backend", value(cfg, "rollout.backend"), "rollout"),
+    ]
+    # A ref without its own backend runs the actor's, already checked above.
+    if "ref" in roles and value(cfg, "ref.backend") is not None:
+        wanted.append(("ref.backend", value(cfg, "ref.backend"), "train"))
+    if "critic" in roles:
+        wanted.append(("critic.backend", value(cfg, "critic.backend"), "train"))
+    if value(cfg, "actor.use_fused_kernels"):
+        wanted.append(("actor.fused_kernel_impl", value(cfg, "actor.fused_kernel_impl"), "kernels"))
+    return [
+        p
+        for key, name, kind in wanted
+        if name is not None
+        for p in check_backend(key, name, kind, installed=ctx.installed, strict=ctx.strict)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# small enums and ranges
+# ---------------------------------------------------------------------------------------------
+
+
+def check_loggers(ctx: Context) -> List[ConfigProblem]:
+    loggers = value(ctx.cfg, "tracking.loggers") or []
+    return [p for i, name in enumerate(loggers) for p in _one_of(f"tracking.loggers[{i}]", name, LOGGERS)]
+
+
+def check_wandb_mode(ctx: Context) -> List[ConfigProblem]:
+    return _one_of("tracking.wandb_mode", value(ctx.cfg, "tracking.wandb_mode"), WANDB_MODES)
+
+
+def check_schedulers(ctx: Context) -> List[ConfigProblem]:
+    roles = ["actor"] + (["critic"] if "critic" in ctx.draft.roles else [])
+    return [
+        p
+        for role in roles
+        for p in _one_of(f"{role}.optim.scheduler", value(ctx.cfg, f"{role}.optim.scheduler"), SCHEDULERS)
+    ]
+
+
+def check_checkpoint(ctx: Context) -> List[ConfigProblem]:
+    keep = value(ctx.cfg, "checkpoint.keep_last")
+    if keep is None or keep >= 1:
+        return []
+    return [_error("checkpoint.keep_last", f"must be >= 1, got {keep}", "set checkpoint.keep_last=1 or more")]
+
+
+def check_sampling(ctx: Context) -> List[ConfigProblem]:
+    problems = []
+    for key in ("rollout.temperature", "rollout.val_temperature"):
+        t = value(ctx.cfg, key)
+        if t is not None and t < 0:
+            problems.append(_error(key, f"must be >= 0, got {t}", f"set {key}=0 (greedy) or a positive value"))
+    top_p = value(ctx.cfg, "rollout.top_p")
+    if top_p is not None and not 0 < top_p <= 1:
+        problems.append(
+            _error(
+                "rollout.top_p", f"must be in (0, 1], got {top_p}", "set rollout.top_p=1.0 (off) or a value in (0, 1)"
+            )
+        )
+    return problems
+
+
+CHECKS: Sequence[Check] = (
+    check_missing,
+    check_placement,
+    check_device,
+    check_cuda_here,
+    check_controller,
+    check_fsdp_layout,
+    check_rollout_layout,
+    check_virtual_pipeline,
+    check_expert_parallel,
+    check_hybrid_engine,
+    check_positive_sizes,
+    check_rollout_batch,
+    check_train_batches,
+    check_log_prob_batches,
+    check_group_size,
+    check_backends,
+    check_loggers,
+    check_wandb_mode,
+    check_schedulers,
+    check_checkpoint,
+    check_sampling,
+)
+
+
+def validate(
+    cfg: Any, strict: bool = True, installed: Optional[Mapping[str, BackendSpec]] = None
+) -> List[ConfigProblem]:
+    """Every problem with `cfg` (a DictConfig from the schema, or a VerlConfig), errors and warnings.
+
+    strict: the run starts here, so missing third-party engines and CUDA are errors (not warnings).
+    installed: backends by name (default: those installed in this environment).
+    """
+    cfg = as_config(cfg)
+    ctx = Context(cfg, strict, installed, draft_plan(cfg))
+    return [p for check in CHECKS for p in check(ctx)]
+
+
+def errors(problems: Sequence[ConfigProblem]) -> List[ConfigProblem]:
+    return [p for p in problems if p.severity == "error"]

@@ -1,0 +1,6 @@
+"""What this package registers under the `verl.backends` entry-point group (kept import-light)."""
+
+from verl.backends import BackendSpec
+
+FSDP = BackendSpec(name="fsdp", kind="train", package="verl-fsdp", requires=("transformers",))
+BACKENDS = (FSDP,)

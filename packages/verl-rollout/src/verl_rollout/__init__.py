@@ -1,0 +1,1 @@
+"""verl-rollout: generation engines for the rollout role (hf, vllm, sglang)."""

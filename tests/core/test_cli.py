@@ -1,0 +1,172 @@
+"""The `verl` command: exit codes, printed config and plan, problems on stderr, never a traceback."""
+
+from __future__ import annotations
+
+import importlib.util
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from verl import backends, cli
+from verl.backends import BackendSpec
+from verl.config import validate as validate_module
+
+INSTALLED = {
+    "fsdp": BackendSpec("fsdp", "train", "verl-fsdp"),
+    "hf": BackendSpec("hf", "rollout", "verl-rollout"),
+    "sglang": BackendSpec("sglang", "rollout", "verl-rollout", requires=("sglang",), extra="verl-rollout[sglang]"),
+    "torch": BackendSpec("torch", "kernels", "verl-kernels"),
+}
+
+RECIPE = """\
+model: {path: embedded:tiny-llama}
+data: {train_files: ["embedded:arithmetic"], train_batch_size: 16}
+actor: {ppo_mini_batch_size: 4}
+rollout: {n: 4}
+placement: {nnodes: 1, devices_per_node: 2, device: cpu}
+"""
+
+
+@pytest.fixture(autouse=True)
+def fixed_environment(monkeypatch):
+    # The CLI asks the environment; these tests fix its answers so they hold on any machine and path.
+    monkeypatch.setattr(backends, "installed_backends", lambda: INSTALLED)
+    monkeypatch.setattr(validate_module, "_cuda_available", lambda: False)
+
+
+def recipe(tmp_path: Path, text: str = RECIPE) -> str:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def run(capsys, *argv: str):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return code, out, err
+
+
+def test_validate_prints_resolved_config_and_plan(tmp_path, capsys):
+    code, out, err = run(capsys, "validate", recipe(tmp_path))
+    assert code == 0, err
+    assert "# resolved config" in out and "train_batch_size: 16" in out
+    assert "output_dir: outputs/verl/run" in out  # interpolations resolved
+    assert "# plan" in out and "16 prompts x 4 samples = 64 samples/step" in out
+    assert "actor dp1 | rollout tp0 dp1" in out
+    assert err == ""
+
+
+def test_validate_applies_overrides(tmp_path, capsys):
+    code, out, err = run(capsys, "validate", recipe(tmp_path), "data.train_batch_size=8", "rollout.n=2")
+    assert code == 0, err
+    assert "8 prompts x 2 samples = 16 samples/step" in out
+
+
+def test_validate_reports_every_problem_and_exits_2(tmp_path, capsys):
+    code, out, err = run(capsys, "validate", recipe(tmp_path), "actor.ppo_mini_batch_size=5", "rollout.top_p=2.0")
+    assert code == 2
+    assert "actor.ppo_mini_batch_size" in err and "data.train_batch_size=16 is not a multiple" in err
+    assert "rollout.top_p" in err
+    assert "2 errors" in err
+
+
+def test_load_errors_exit_2_without_traceback(tmp_path, capsys):
+    code, out, err = run(capsys, "validate", recipe(tmp_path, RECIPE + "actr: {}\n"))
+    assert code == 2 and "actr" in err
+
+
+def test_missing_recipe_file(tmp_path, capsys):
+    code, out, err = run(capsys, "train", str(tmp_path / "nope.yaml"), "--dry-run")
+    assert code == 2 and "nope.yaml" in err and "not found" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--dry-run", "data.train_batch_size=8"],
+        ["data.train_batch_size=8", "--dry-run"],
+        ["rollout.n=4", "--dry-run", "data.train_batch_size=8"],
+    ],
+)
+def test_dry_run_anywhere_after_the_recipe(tmp_path, capsys, argv):
+    code, out, err = run(capsys, "train", recipe(tmp_path), *argv)
+    assert code == 0, err
+    assert "train_batch_size: 8" in out  # the override after --dry-run was applied
+    assert "8 prompts x 4 samples" in out
+    assert "validates and plans only" not in out  # a dry run starts nothing
+
+
+def test_dry_run_before_the_recipe(tmp_path, capsys):
+    code, out, err = run(capsys, "train", "--dry-run", recipe(tmp_path))
+    assert code == 0 and "# plan" in out
+
+
+def test_train_validates_plans_and_calls_the_trainer(tmp_path, capsys, monkeypatch):
+    calls = []
+    monkeypatch.setattr(cli, "start_trainer", lambda cfg, plan: calls.append((cfg, plan)) or 0)
+    code, out, err = run(capsys, "train", recipe(tmp_path))
+    assert code == 0, err
+    ((cfg, plan),) = calls
+    assert cfg.data.train_batch_size == 16 and plan.layout("actor").dp == 2
+
+
+def test_train_says_it_only_plans(tmp_path, capsys):
+    code, out, err = run(capsys, "train", recipe(tmp_path))
+    assert code == 0
+    assert "# plan" in out and "validates and plans only" in out
+
+
+def test_train_with_errors_starts_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cli, "start_trainer", lambda cfg, plan: pytest.fail("trainer started"))
+    code, out, err = run(capsys, "train", recipe(tmp_path), "rollout.n=0")
+    assert code == 2 and "rollout.n" in err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="sglang is installed here")
+def test_missing_engine_fails_train_but_only_warns_in_dry_run_and_validate(tmp_path, capsys):
+    path = recipe(tmp_path)
+    code, out, err = run(capsys, "train", path, "rollout.backend=sglang")
+    assert code == 2 and "error: rollout.backend" in err
+    for argv in (["train", path, "rollout.backend=sglang", "--dry-run"], ["validate", path, "rollout.backend=sglang"]):
+        code, out, err = run(capsys, *argv)
+        assert code == 0 and "warning: rollout.backend" in err
+
+
+def test_cuda_recipe_fails_train_here_but_plans(tmp_path, capsys):
+    path = recipe(tmp_path)
+    code, out, err = run(capsys, "train", path, "placement.device=cuda")
+    assert code == 2 and "placement.device=cpu" in err
+    code, out, err = run(capsys, "train", path, "placement.device=cuda", "--dry-run")
+    assert code == 0 and "cuda devices" in out
+
+
+def test_placement_errors_print_no_plan(tmp_path, capsys):
+    code, out, err = run(
+        capsys,
+        "validate",
+        recipe(tmp_path),
+        "placement.devices_per_node=3",
+        "actor.backend=megatron",
+        "actor.parallel.tp=2",
+    )
+    assert code == 2
+    assert "no plan" in out and "actor.parallel.tp" in err
+
+
+def test_info_lists_backends_libraries_and_devices(capsys):
+    code, out, err = run(capsys, "info")
+    assert code == 0
+    assert "fsdp" in out and "verl-fsdp" in out
+    assert "missing: sglang" in out and "verl-rollout[sglang]" in out
+    assert "megatron" in out and "not installed (pip install verl-megatron)" in out
+    for lib in ("torch", "transformers", "ray", "megatron-core", "vllm", "sglang", "triton", "tensordict", "omegaconf"):
+        assert f"\n  {lib} " in out
+    assert "CUDA:" in out
+
+
+@pytest.mark.parametrize("argv", [[], ["bogus"], ["train"], ["validate", "r.yaml", "--nope"], ["info", "extra"]])
+def test_bad_arguments_exit_2(capsys, argv):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and "usage" in err

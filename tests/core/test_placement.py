@@ -1,0 +1,243 @@
+"""The placement plan: pools, per-role layouts, rank coordinates and the printed plan."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from omegaconf import OmegaConf
+
+from verl.config.schema import VerlConfig
+from verl.placement import Layout, enabled_roles, format_plan, make_plan
+
+BASE = {
+    "model": {"path": "m"},
+    "data": {"train_files": ["t.parquet"], "train_batch_size": 16},
+    "actor": {"ppo_mini_batch_size": 4},
+    "rollout": {"n": 4},
+}
+
+
+def make_cfg(*updates: dict):
+    return OmegaConf.merge(OmegaConf.structured(VerlConfig), BASE, *updates)
+
+
+SIXTEEN = {
+    "data": {"train_batch_size": 256},
+    "placement": {"nnodes": 2, "devices_per_node": 8, "device": "cuda"},
+    "actor": {
+        "backend": "megatron",
+        "parallel": {"tp": 4, "pp": 2},
+        "ppo_mini_batch_size": 64,
+        "ppo_micro_batch_size_per_device": 4,
+        "use_kl_loss": True,
+    },
+    "rollout": {"backend": "vllm", "n": 8, "parallel": {"tp": 2}},
+}
+
+
+def plan_of(*updates: dict):
+    plan, problems = make_plan(make_cfg(*updates))
+    assert plan is not None, [p.format() for p in problems]
+    return plan
+
+
+def squash(text: str) -> str:
+    return re.sub(r"[ \t]+", " ", text)
+
+
+# --------------------------------------------------------------------------- the 16-GPU layout
+
+
+def test_sixteen_gpu_layout_sizes():
+    plan = plan_of(SIXTEEN)
+    actor, rollout, ref = plan.layout("actor"), plan.layout("rollout"), plan.layout("ref")
+    assert (actor.tp, actor.pp, actor.cp, actor.dp) == (4, 2, 1, 2)
+    assert (rollout.tp, rollout.dp) == (2, 8)
+    assert (ref.backend, ref.tp, ref.pp, ref.dp) == ("megatron", 4, 2, 2)  # ref defaults to the actor's
+    assert plan.roles == ("actor", "rollout", "ref")
+    assert plan.rollout_groups_per_actor_group() == 4  # (4*2)/2
+
+
+@pytest.mark.parametrize(
+    "rank, node_device, actor, rollout",
+    [
+        (0, (0, 0), (0, 0, 0), (0, 0)),
+        (6, (0, 6), (2, 0, 1), (0, 3)),  # 6 = tp2 + 4*(dp1)
+        (10, (1, 2), (2, 1, 0), (0, 5)),  # 10 = tp2 + 4*(dp0 + 2*pp1)
+        (13, (1, 5), (1, 1, 1), (1, 6)),  # 13 = tp1 + 4*(dp1 + 2*pp1); rollout 13 = tp1 + 2*dp6
+        (15, (1, 7), (3, 1, 1), (1, 7)),
+    ],
+)
+def test_sixteen_gpu_rank_coordinates(rank, node_device, actor, rollout):
+    plan = plan_of(SIXTEEN)
+    assert plan.location(rank) == node_device
+    a, r = plan.role_coords(rank, "actor"), plan.role_coords(rank, "rollout")
+    assert (a.tp, a.pp, a.dp, a.cp) == actor + (0,)
+    assert (r.tp, r.dp) == rollout
+    assert str(r) == f"rollout tp{rollout[0]} dp{rollout[1]}"
+
+
+def test_coordinates_are_a_bijection_with_tp_fastest_then_cp_dp_pp():
+    layout = Layout("actor", "megatron", "p", 0, tp=2, pp=2, cp=2, dp=2)
+    seen = set()
+    for rank in range(layout.world):
+        c = layout.coords(rank)
+        assert layout.rank(tp=c.tp, pp=c.pp, cp=c.cp, dp=c.dp) == rank
+        seen.add((c.tp, c.pp, c.cp, c.dp))
+    assert len(seen) == 16
+    c5, c14 = layout.coords(5), layout.coords(14)
+    assert (c5.tp, c5.cp, c5.dp, c5.pp) == (1, 0, 1, 0)  # 5 = 1 + 2*(0 + 2*(1 + 2*0))
+    assert (c14.tp, c14.cp, c14.dp, c14.pp) == (0, 1, 1, 1)  # 14 = 0 + 2*(1 + 2*(1 + 2*1))
+    assert str(c14) == "actor tp0 pp1 cp1 dp1"  # cp shown because it is > 1
+    with pytest.raises(ValueError):
+        layout.coords(16)
+
+
+def test_expert_parallel_rank_comes_from_dp_and_cp():
+    layout = Layout("actor", "megatron", "p", 0, tp=2, pp=1, cp=1, dp=4, ep=2)
+    assert [layout.coords(r).ep for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+
+
+def test_fsdp_coordinates_show_dp_only():
+    plan = plan_of({"placement": {"devices_per_node": 4}, "rollout": {"parallel": {"tp": 2}}})
+    assert [str(c) for c in plan.coords(3)] == ["actor dp3", "rollout tp1 dp1"]
+
+
+# --------------------------------------------------------------------------- pools
+
+
+def test_pools_take_devices_in_order_and_last_takes_the_rest():
+    plan = plan_of(
+        {
+            "algorithm": {"adv_estimator": "gae"},
+            "placement": {
+                "nnodes": 2,
+                "devices_per_node": 8,
+                "pools": [
+                    {"name": "hybrid", "roles": ["actor", "rollout"], "devices": 12},
+                    {"name": "critic", "roles": ["critic"]},
+                ],
+            },
+        }
+    )
+    hybrid, critic = plan.pool("actor"), plan.pool("critic")
+    assert (hybrid.first_rank, hybrid.size, critic.first_rank, critic.size) == (0, 12, 12, 4)
+    assert plan.layout("critic").dp == 4 and plan.layout("actor").dp == 12
+    assert [c.role for c in plan.coords(13)] == ["critic"]
+    assert str(plan.role_coords(13, "critic")) == "critic dp1"
+    assert plan.role_coords(13, "actor") is None
+    assert hybrid.nodes(8) == (0, 1) and critic.nodes(8) == (1, 1)
+    assert plan.rollout_groups_per_actor_group() is None  # fsdp actor: no micro-DP line
+
+
+def test_only_the_last_pool_may_leave_devices_unset():
+    cfg = make_cfg(
+        {
+            "placement": {
+                "devices_per_node": 4,
+                "pools": [{"name": "a", "roles": ["actor"]}, {"name": "b", "roles": ["rollout"]}],
+            }
+        }
+    )
+    plan, problems = make_plan(cfg)
+    assert plan is None
+    assert [p.key for p in problems] == ["placement.pools[0].devices"]
+    assert "only the last pool" in problems[0].message
+
+
+def test_layout_that_does_not_fit_gives_no_plan_and_the_numbers():
+    plan, problems = make_plan(
+        make_cfg({"placement": {"devices_per_node": 12}, "actor": {"backend": "megatron", "parallel": {"tp": 8}}})
+    )
+    assert plan is None
+    (problem,) = problems
+    assert problem.key == "actor.parallel.tp"
+    assert "tp*pp*cp = 8 does not divide the 12 devices of pool 'hybrid'" in problem.message
+    assert "1, 2, 3, 4, 6, 12" in problem.fix
+
+
+def test_explicit_dp_must_match_the_pool():
+    plan, problems = make_plan(make_cfg({"placement": {"devices_per_node": 8}, "actor": {"parallel": {"dp": 4}}}))
+    assert plan is None
+    assert problems[0].key == "actor.parallel.dp"
+    assert "= 4 does not equal the 8 devices" in problems[0].message
+    assert "actor.parallel.dp=8" in problems[0].fix
+    assert make_plan(make_cfg({"placement": {"devices_per_node": 8}, "actor": {"parallel": {"dp": 8}}}))[0] is not None
+
+
+# --------------------------------------------------------------------------- enabled roles
+
+
+@pytest.mark.parametrize(
+    "update, roles",
+    [
+        ({}, ("actor", "rollout")),
+        ({"actor": {"use_kl_loss": True}}, ("actor", "rollout", "ref")),
+        ({"algorithm": {"use_kl_in_reward": True}}, ("actor", "rollout", "ref")),
+        ({"ref": {"enable": True}}, ("actor", "rollout", "ref")),
+        ({"actor": {"use_kl_loss": True}, "ref": {"enable": False}}, ("actor", "rollout")),
+        ({"algorithm": {"adv_estimator": "gae"}}, ("actor", "rollout", "critic")),
+        ({"algorithm": {"adv_estimator": "gae"}, "critic": {"enable": False}}, ("actor", "rollout")),
+        ({"critic": {"enable": True}}, ("actor", "rollout", "critic")),
+    ],
+)
+def test_enabled_roles(update, roles):
+    assert enabled_roles(make_cfg(update)) == roles
+
+
+def test_ref_with_its_own_layout():
+    plan = plan_of(
+        {
+            "placement": {"devices_per_node": 8},
+            "actor": {"backend": "megatron", "parallel": {"tp": 2}, "use_kl_loss": True},
+            "ref": {"backend": "fsdp", "parallel": {"tp": 1}},
+        }
+    )
+    assert (plan.layout("ref").backend, plan.layout("ref").dp) == ("fsdp", 8)
+    assert plan.layout("actor").dp == 4
+
+
+# --------------------------------------------------------------------------- printed plan
+
+
+def test_format_plan_sixteen_gpus():
+    text = squash(format_plan(plan_of(SIXTEEN)))
+    assert "actor megatron TP=4 PP=2 CP=1 DP=2 16 devices in pool 'hybrid' (nodes 0-1)" in text
+    assert "rollout vllm TP=2 DP=8 16 devices in pool 'hybrid' (nodes 0-1)" in text
+    assert "holds 4 rollout replicas of TP=2" in text
+    assert "256 prompts x 8 samples = 2048 samples/step" in text
+    assert "256 prompts / DP 8 = 32 prompts per replica" in text
+    assert "mini-batch 64 prompts = 512 samples = 256 per DP rank = 64 micro-batches of 4" in text
+    assert "4 mini-batches x 1 epoch = 4 optimizer steps/step" in text
+    assert "\n1 5 13 actor tp1 pp1 dp1 | rollout tp1 dp6 | ref tp1 pp1 dp1\n" in text
+    assert "\n0 0 0 actor tp0 pp0 dp0 | rollout tp0 dp0 | ref tp0 pp0 dp0\n" in text
+    assert len(re.findall(r"^\d+ \d+ \d+ actor", text, re.M)) == 16
+
+
+def test_format_plan_shows_uneven_batches_instead_of_failing():
+    plan = plan_of({"placement": {"devices_per_node": 3}, "data": {"train_batch_size": 16}})
+    text = format_plan(plan)
+    assert "16 prompts / DP 3 = 16/3 (does not divide)" in text
+
+
+def test_format_plan_elides_rows_of_big_clusters():
+    plan = plan_of(
+        {
+            "placement": {"nnodes": 16, "devices_per_node": 8},
+            "data": {"train_batch_size": 128},
+            "actor": {"ppo_mini_batch_size": 128},
+        }
+    )
+    text = format_plan(plan, max_rows=8)
+    assert "(122 ranks not shown)" in text  # 128 ranks: 4 first + 2 last shown
+    assert re.search(r"^15\s+7\s+127\s+actor dp127", text, re.M)
+
+
+def test_make_plan_accepts_a_verl_config():
+    cfg = VerlConfig()
+    cfg.data.train_batch_size = 4
+    cfg.actor.ppo_mini_batch_size = 4
+    plan, problems = make_plan(cfg)
+    assert problems == [] and plan is not None
+    assert plan.batch.samples == 4

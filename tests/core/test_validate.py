@@ -1,0 +1,393 @@
+"""Config validation: every problem at once, each with its key, its numbers and a fix."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from omegaconf import OmegaConf
+
+from verl.backends import BackendSpec
+from verl.config import validate as validate_module
+from verl.config.schema import VerlConfig
+from verl.config.validate import validate
+
+# Every backend installed, none needing a third-party module (so the tests do not depend on the path),
+# except sglang, whose library is not installed here.
+INSTALLED = {
+    "fsdp": BackendSpec("fsdp", "train", "verl-fsdp"),
+    "megatron": BackendSpec("megatron", "train", "verl-megatron"),
+    "hf": BackendSpec("hf", "rollout", "verl-rollout"),
+    "vllm": BackendSpec("vllm", "rollout", "verl-rollout"),
+    "sglang": BackendSpec("sglang", "rollout", "verl-rollout", requires=("sglang",), extra="verl-rollout[sglang]"),
+    "torch": BackendSpec("torch", "kernels", "verl-kernels"),
+    "triton": BackendSpec("triton", "kernels", "verl-kernels"),
+}
+
+BASE = {
+    "model": {"path": "m"},
+    "data": {"train_files": ["t.parquet"], "train_batch_size": 16},
+    "actor": {"ppo_mini_batch_size": 4},
+    "rollout": {"n": 4},
+}
+
+
+def make_cfg(*updates: dict):
+    return OmegaConf.merge(OmegaConf.structured(VerlConfig), BASE, *updates)
+
+
+def check(*updates: dict, strict: bool = True, installed=INSTALLED):
+    return validate(make_cfg(*updates), strict=strict, installed=installed)
+
+
+def errors(problems):
+    return [p for p in problems if p.severity == "error"]
+
+
+def only(problems, severity="error"):
+    """The single problem of a severity; fails listing them all otherwise."""
+    found = [p for p in problems if p.severity == severity]
+    assert len(found) == 1, [p.format() for p in problems]
+    return found[0]
+
+
+@pytest.fixture(autouse=True)
+def no_cuda(monkeypatch):
+    # Deterministic on GPU and CPU machines alike; tests that need CUDA present patch it back.
+    monkeypatch.setattr(validate_module, "_cuda_available", lambda: False)
+
+
+def test_base_config_is_clean():
+    assert check() == []
+
+
+def test_accepts_a_verl_config_instance():
+    cfg = VerlConfig()
+    cfg.model.path, cfg.data.train_files, cfg.data.train_batch_size = "m", ["t"], 8
+    cfg.actor.ppo_mini_batch_size, cfg.rollout.n = 8, 2
+    assert validate(cfg, installed=INSTALLED) == []
+
+
+def test_missing_required_values_are_reported():
+    problems = validate(OmegaConf.structured(VerlConfig), installed=INSTALLED)
+    keys = {p.key for p in errors(problems) if "not set" in p.message}
+    assert keys == {"model.path", "data.train_files", "data.train_batch_size", "actor.ppo_mini_batch_size"}
+
+
+def test_three_different_problems_are_all_reported():
+    problems = check(
+        {
+            "placement": {"device": "tpu"},
+            "actor": {"ppo_mini_batch_size": 5},
+            "tracking": {"loggers": ["console", "wandbb"]},
+        }
+    )
+    assert sorted(p.key for p in problems) == ["actor.ppo_mini_batch_size", "placement.device", "tracking.loggers[1]"]
+    assert all(p.severity == "error" and p.fix for p in problems)
+
+
+# --------------------------------------------------------------------------- placement
+
+
+def test_device_must_be_cpu_or_cuda():
+    p = only(check({"placement": {"device": "gpu"}}))
+    assert p.key == "placement.device" and "'gpu'" in p.message and "cpu, cuda" in p.fix
+
+
+@pytest.mark.parametrize("key", ["nnodes", "devices_per_node"])
+def test_node_counts_are_positive(key):
+    p = only(check({"placement": {key: 0}}))
+    assert p.key == f"placement.{key}" and "got 0" in p.message
+
+
+def test_enabled_role_missing_from_pools():
+    p = only(
+        check(
+            {
+                "algorithm": {"adv_estimator": "gae"},
+                "placement": {"pools": [{"name": "h", "roles": ["actor", "rollout"]}]},
+            }
+        )
+    )
+    assert p.key == "placement.pools"
+    assert "'critic'" in p.message and "algorithm.adv_estimator=gae" in p.message
+    assert "critic.enable=false" in p.fix
+
+
+def test_disabled_role_may_be_missing_from_pools():
+    assert check({"placement": {"pools": [{"name": "h", "roles": ["actor", "rollout"]}]}}) == []
+
+
+def test_role_in_two_pools():
+    pools = [
+        {"name": "a", "roles": ["actor", "rollout"], "devices": 2},
+        {"name": "b", "roles": ["actor"], "devices": 2},
+    ]
+    p = only(check({"placement": {"devices_per_node": 4, "pools": pools}}))
+    assert p.key == "placement.pools" and "'actor' is in 2 pools ('a', 'b')" in p.message
+
+
+def test_unknown_role_gets_a_suggestion():
+    p = only(check({"placement": {"pools": [{"name": "h", "roles": ["actr", "actor", "rollout"]}]}}))
+    assert p.key == "placement.pools[0].roles" and "'actr'" in p.message and "did you mean 'actor'" in p.fix
+
+
+def test_pools_take_more_devices_than_exist():
+    pools = [{"name": "a", "roles": ["actor", "rollout"], "devices": 8}, {"name": "b", "roles": ["ref"], "devices": 12}]
+    fits = {"data": {"train_batch_size": 48}}  # so the batch arithmetic adds no problem of its own
+    problems = check(fits, {"ref": {"enable": True}, "placement": {"nnodes": 2, "devices_per_node": 8, "pools": pools}})
+    p = only(problems)
+    assert p.key == "placement.pools" and "take 20 devices" in p.message and "has 16" in p.message
+
+
+def test_pool_with_zero_devices():
+    pools = [{"name": "a", "roles": ["actor", "rollout"], "devices": 0}]
+    p = only(check({"placement": {"pools": pools}}))
+    assert p.key == "placement.pools[0].devices" and "pool 'a' has 0 devices" in p.message
+
+
+def test_pool_left_without_devices_by_the_pools_before_it():
+    pools = [{"name": "a", "roles": ["actor", "rollout"], "devices": 4}, {"name": "b", "roles": ["ref"]}]
+    p = only(check({"ref": {"enable": True}, "placement": {"devices_per_node": 4, "pools": pools}}))
+    assert p.key == "placement.pools[1].devices" and "gets 0 devices" in p.message
+
+
+def test_idle_devices_are_a_warning():
+    pools = [{"name": "a", "roles": ["actor", "rollout"], "devices": 2}]
+    p = only(check({"placement": {"devices_per_node": 4, "pools": pools}}), "warning")
+    assert "take 2 of 4 devices" in p.message
+
+
+def test_cuda_missing_is_an_error_only_when_strict(monkeypatch):
+    p = only(check({"placement": {"device": "cuda"}}))
+    assert p.key == "placement.device" and "placement.device=cpu" in p.fix
+    assert check({"placement": {"device": "cuda"}}, strict=False) == []
+    monkeypatch.setattr(validate_module, "_cuda_available", lambda: True)
+    assert check({"placement": {"device": "cuda"}}) == []
+
+
+def test_local_controller_is_one_node_only():
+    p = only(check({"trainer": {"controller": "local"}, "placement": {"nnodes": 2}}))
+    assert p.key == "trainer.controller" and "nnodes=2" in p.message
+    assert check({"trainer": {"controller": "local"}}) == []
+    assert check({"trainer": {"controller": "ray"}, "placement": {"nnodes": 2}}) == []
+
+
+# --------------------------------------------------------------------------- layouts
+
+MEGATRON8 = {"placement": {"devices_per_node": 8}, "actor": {"backend": "megatron"}}
+
+
+def test_parallel_sizes_are_positive():
+    p = only(check({"actor": {"parallel": {"cp": 0}}}))
+    assert p.key == "actor.parallel.cp" and "got 0" in p.message
+
+
+def test_model_parallel_must_divide_the_pool():
+    twelve = {
+        "placement": {"devices_per_node": 12},
+        "data": {"train_batch_size": 24},
+        "actor": {"backend": "megatron", "ppo_mini_batch_size": 3},
+    }
+    p = only(check(twelve, {"actor": {"parallel": {"tp": 8}}}))
+    assert p.key == "actor.parallel.tp"
+    assert "tp*pp*cp = 8 does not divide the 12 devices of pool 'hybrid'" in p.message
+    assert "1, 2, 3, 4, 6, 12" in p.fix
+    assert check(twelve, {"actor": {"parallel": {"tp": 4}}}) == []
+
+
+def test_ref_inheriting_a_bad_actor_layout_is_reported_once():
+    problems = check(MEGATRON8, {"actor": {"parallel": {"tp": 3}, "use_kl_loss": True}})
+    assert [p.key for p in problems] == ["actor.parallel.tp"]
+
+
+def test_virtual_pipeline_needs_pipeline():
+    p = only(check(MEGATRON8, {"actor": {"parallel": {"vpp": 2}}}))
+    assert p.key == "actor.parallel.vpp" and "pp=1" in p.message
+    assert check(MEGATRON8, {"actor": {"parallel": {"pp": 2, "vpp": 2}}}) == []
+
+
+def test_expert_parallel_must_divide_dp_times_cp():
+    p = only(check(MEGATRON8, {"actor": {"parallel": {"tp": 2, "ep": 3}}}))
+    assert p.key == "actor.parallel.ep"
+    assert "ep=3 does not divide dp*cp = 4*1 = 4" in p.message and "1, 2, 4" in p.fix
+    assert check(MEGATRON8, {"actor": {"parallel": {"tp": 2, "ep": 2}}}) == []
+
+
+@pytest.mark.parametrize("axis", ["tp", "pp", "cp"])
+def test_fsdp_is_data_parallel_only(axis):
+    p = only(check({"placement": {"devices_per_node": 8}, "actor": {"parallel": {axis: 2}}}))
+    assert p.key == f"actor.parallel.{axis}" and "fsdp" in p.message and "megatron" in p.fix
+
+
+def test_fsdp_critic_is_data_parallel_only_too():
+    p = only(check({"placement": {"devices_per_node": 8}, "critic": {"enable": True, "parallel": {"tp": 2}}}))
+    assert p.key == "critic.parallel.tp"
+
+
+@pytest.mark.parametrize("axis", ["pp", "cp", "ep"])
+def test_rollout_is_tensor_parallel_only(axis):
+    p = only(check({"placement": {"devices_per_node": 8}, "rollout": {"parallel": {axis: 2}}}))
+    assert p.key == f"rollout.parallel.{axis}" and f"{axis}=2" in p.message
+
+
+def test_rollout_tp_must_divide_colocated_megatron_actor_tp_pp():
+    p = only(check(MEGATRON8, {"actor": {"parallel": {"tp": 2}}, "rollout": {"parallel": {"tp": 4}}}))
+    assert p.key == "rollout.parallel.tp"
+    assert "rollout tp=4 does not divide actor tp*pp = 2*1 = 2" in p.message and "1, 2" in p.fix
+    assert check(MEGATRON8, {"actor": {"parallel": {"tp": 2, "pp": 2}}, "rollout": {"parallel": {"tp": 4}}}) == []
+    # Separate pools: no resharding, no constraint.
+    pools = [{"name": "train", "roles": ["actor"], "devices": 4}, {"name": "gen", "roles": ["rollout"]}]
+    separate = {"placement": {"pools": pools}, "data": {"train_batch_size": 16}}
+    assert check(MEGATRON8, {"actor": {"parallel": {"tp": 2}}, "rollout": {"parallel": {"tp": 4}}}, separate) == []
+
+
+# --------------------------------------------------------------------------- batch sizes
+
+
+def test_mini_batch_must_divide_the_train_batch():
+    p = only(check({"actor": {"ppo_mini_batch_size": 6}}))
+    assert p.key == "actor.ppo_mini_batch_size"
+    assert "data.train_batch_size=16 is not a multiple of actor.ppo_mini_batch_size=6" in p.message
+    assert "4 or 8" in p.fix
+
+
+def test_mini_batch_samples_must_split_over_dp():
+    problems = check(
+        {
+            "placement": {"devices_per_node": 8},
+            "data": {"train_batch_size": 12},
+            "actor": {"ppo_mini_batch_size": 3},
+            "rollout": {"n": 2},
+        }
+    )
+    p = next(p for p in problems if p.key == "actor.ppo_mini_batch_size")
+    assert "3 prompts x n=2 = 6 samples does not split over actor DP=8" in p.message
+
+
+def test_micro_batch_must_divide_the_per_rank_samples():
+    p = only(
+        check(
+            {"placement": {"devices_per_node": 2}, "rollout": {"n": 2}, "actor": {"ppo_micro_batch_size_per_device": 3}}
+        )
+    )
+    assert p.key == "actor.ppo_micro_batch_size_per_device"
+    assert (
+        "4 samples per DP rank (8 samples / DP 2) is not a multiple of actor.ppo_micro_batch_size_per_device=3"
+        in p.message
+    )
+    assert "2 or 4" in p.fix
+
+
+def test_log_prob_pass_must_split_over_ref_dp():
+    pools = [{"name": "train", "roles": ["actor", "rollout"], "devices": 4}, {"name": "ref", "roles": ["ref"]}]
+    cfg = {"placement": {"devices_per_node": 7, "pools": pools}, "ref": {"enable": True}, "rollout": {"n": 2}}
+    p = only(check(cfg))
+    assert p.key == "data.train_batch_size"
+    assert "16 prompts x n=2 = 32 samples do not split over ref DP=3" in p.message
+
+
+def test_prompts_must_split_over_rollout_dp():
+    cfg = {
+        "placement": {"devices_per_node": 4},
+        "data": {"train_batch_size": 6},
+        "actor": {"ppo_mini_batch_size": 6},
+        "rollout": {"n": 2},
+    }
+    p = only(check(cfg))
+    assert p.key == "data.train_batch_size" and "6 prompts do not split over rollout DP=4" in p.message
+    assert "4 or 8" in p.fix
+    assert check(cfg, {"rollout": {"parallel": {"tp": 2}}}) == []  # rollout DP 2 divides 6
+
+
+def test_critic_batches_default_to_the_actor_and_are_checked():
+    gae = {"algorithm": {"adv_estimator": "gae"}, "placement": {"devices_per_node": 2}, "rollout": {"n": 2}}
+    assert check(gae) == []
+    p = only(check(gae, {"critic": {"ppo_micro_batch_size_per_device": 3}}))
+    assert p.key == "critic.ppo_micro_batch_size_per_device" and "4 samples per DP rank" in p.message
+    p = only(check(gae, {"critic": {"ppo_mini_batch_size": 3}}))
+    assert p.key == "critic.ppo_mini_batch_size" and "critic.ppo_mini_batch_size=3" in p.message
+
+
+@pytest.mark.parametrize(
+    "key", ["data.train_batch_size", "rollout.n", "actor.ppo_epochs", "actor.ppo_micro_batch_size_per_device"]
+)
+def test_batch_numbers_are_positive(key):
+    section, name = key.split(".")
+    problems = check({section: {name: 0}})
+    assert any(p.key == key and "got 0" in p.message for p in errors(problems)), [p.format() for p in problems]
+
+
+def test_single_sample_groups_warn_for_group_estimators():
+    p = only(check({"rollout": {"n": 1}}), "warning")
+    assert p.key == "rollout.n" and "grpo" in p.message
+    assert check({"rollout": {"n": 1}, "algorithm": {"adv_estimator": "gae"}, "critic": {"enable": False}}) == []
+
+
+# --------------------------------------------------------------------------- backends
+
+
+def test_missing_backend_package_is_named():
+    installed = {k: v for k, v in INSTALLED.items() if k != "megatron"}
+    p = only(check({"actor": {"backend": "megatron"}}, installed=installed))
+    assert p.key == "actor.backend" and "verl-megatron" in p.message and p.fix == "pip install verl-megatron"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="sglang is installed here")
+def test_missing_third_party_library_is_an_error_only_when_strict():
+    p = only(check({"rollout": {"backend": "sglang"}}, strict=True))
+    assert p.key == "rollout.backend" and "'sglang'" in p.message and "verl-rollout[sglang]" in p.fix
+    w = only(check({"rollout": {"backend": "sglang"}}, strict=False), "warning")
+    assert w.key == "rollout.backend"
+
+
+def test_ref_and_critic_backends_are_checked_when_enabled():
+    installed = {k: v for k, v in INSTALLED.items() if k != "megatron"}
+    assert check({"ref": {"backend": "megatron"}}, installed=installed) == []  # ref disabled
+    p = only(check({"ref": {"enable": True, "backend": "megatron"}}, installed=installed))
+    assert p.key == "ref.backend"
+    p = only(check({"critic": {"enable": True, "backend": "megatron"}}, installed=installed))
+    assert p.key == "critic.backend"
+
+
+def test_unknown_backend_name():
+    p = only(check({"rollout": {"backend": "vlm"}}))
+    assert p.key == "rollout.backend" and "did you mean 'vllm'" in p.fix
+
+
+def test_fused_kernel_backend_is_checked_only_when_used():
+    installed = {k: v for k, v in INSTALLED.items() if k != "triton"}
+    assert check({"actor": {"fused_kernel_impl": "triton"}}, installed=installed) == []
+    p = only(check({"actor": {"use_fused_kernels": True, "fused_kernel_impl": "triton"}}, installed=installed))
+    assert p.key == "actor.fused_kernel_impl" and "verl-kernels" in p.message
+
+
+# --------------------------------------------------------------------------- enums and ranges
+
+
+@pytest.mark.parametrize(
+    "update, key, text",
+    [
+        ({"tracking": {"loggers": ["wandbb"]}}, "tracking.loggers[0]", "did you mean 'wandb'"),
+        ({"tracking": {"wandb_mode": "offlin"}}, "tracking.wandb_mode", "did you mean 'offline'"),
+        ({"trainer": {"controller": "rey"}}, "trainer.controller", "did you mean 'ray'"),
+        ({"actor": {"optim": {"scheduler": "cosin"}}}, "actor.optim.scheduler", "did you mean 'cosine'"),
+        ({"checkpoint": {"keep_last": 0}}, "checkpoint.keep_last", "checkpoint.keep_last=1"),
+        ({"rollout": {"temperature": -0.5}}, "rollout.temperature", "rollout.temperature=0"),
+        ({"rollout": {"top_p": 0.0}}, "rollout.top_p", "rollout.top_p=1.0"),
+        ({"rollout": {"top_p": 1.5}}, "rollout.top_p", "rollout.top_p=1.0"),
+    ],
+)
+def test_enums_and_ranges(update, key, text):
+    p = only(check(update))
+    assert p.key == key and text in p.fix
+
+
+def test_valid_enum_values_pass():
+    update = {
+        "tracking": {"loggers": ["console", "jsonl", "wandb", "tensorboard", "prometheus"], "wandb_mode": "disabled"},
+        "actor": {"optim": {"scheduler": "cosine"}},
+        "rollout": {"temperature": 0.0, "top_p": 1.0},
+        "checkpoint": {"keep_last": 1},
+    }
+    assert check(update) == []

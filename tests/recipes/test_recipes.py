@@ -1,0 +1,98 @@
+"""Every shipped recipe loads, validates and plans; its Pants target depends on exactly its backends."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from verl.backends import installed_backends
+from verl.config.errors import ConfigError
+from verl.config.loader import load_config
+from verl.config.validate import validate
+from verl.placement import enabled_roles, make_plan
+
+RECIPES = Path("recipes")
+NAMES = sorted(p.stem for p in RECIPES.glob("*.yaml"))
+
+
+def build_targets() -> dict[str, set[str]]:
+    """verl_recipe(name=..., backends=[...]) calls in recipes/BUILD."""
+    tree = ast.parse((RECIPES / "BUILD").read_text())
+    targets = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "verl_recipe":
+            kw = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+            targets[kw["name"]] = set(kw["backends"])
+    return targets
+
+
+def backends_named(cfg) -> set[str]:
+    roles = enabled_roles(cfg)
+    names = {cfg.actor.backend, cfg.rollout.backend}
+    if "ref" in roles:
+        names.add(cfg.ref.backend or cfg.actor.backend)
+    if "critic" in roles:
+        names.add(cfg.critic.backend)
+    if cfg.actor.use_fused_kernels:
+        names.add(cfg.actor.fused_kernel_impl)
+    return names
+
+
+def test_the_shipped_recipes_are_there():
+    assert {"grpo_tiny", "ppo_tiny", "grpo_qwen3_0_6b", "ppo_qwen2_7b", "grpo_llama3_8b"} <= set(NAMES)
+
+
+def test_every_recipe_file_has_a_target_and_back():
+    assert set(build_targets()) == set(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_recipe_target_depends_on_exactly_the_backends_it_names(name):
+    cfg = load_config(RECIPES / f"{name}.yaml")
+    assert build_targets()[name] == backends_named(cfg)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_recipe_validates_and_plans(name):
+    cfg = load_config(RECIPES / f"{name}.yaml")
+    problems = validate(cfg, strict=False)
+    assert [p for p in problems if p.severity == "error"] == []
+    plan, plan_problems = make_plan(cfg)
+    assert plan is not None and plan_problems == []
+
+
+def test_llama3_8b_plans_16_gpus_with_the_stated_layout():
+    cfg = load_config(RECIPES / "grpo_llama3_8b.yaml")
+    plan, _ = make_plan(cfg)
+    assert plan.total_devices == 16
+    actor = plan.layouts["actor"]
+    assert (actor.tp, actor.pp, actor.dp) == (4, 2, 2)
+    rollout = plan.layouts["rollout"]
+    assert (rollout.tp, rollout.dp) == (2, 8)
+
+
+def test_a_typo_names_the_key_and_the_fix():
+    with pytest.raises(ConfigError) as err:
+        load_config(RECIPES / "grpo_llama3_8b.yaml", ["actor.ppo_mini_bach_size=64"])
+    text = str(err.value)
+    assert "actor.ppo_mini_bach_size" in text and "ppo_mini_batch_size" in text
+
+
+def test_a_batch_size_that_does_not_divide_names_the_key():
+    cfg = load_config(RECIPES / "grpo_llama3_8b.yaml", ["actor.ppo_mini_batch_size=48"])
+    errors = [p for p in validate(cfg, strict=False) if p.severity == "error"]
+    assert [p.key for p in errors] == ["actor.ppo_mini_batch_size"]
+    assert "256" in errors[0].message and "48" in errors[0].message
+
+
+def test_a_missing_backend_package_names_the_package():
+    cfg = load_config(RECIPES / "grpo_llama3_8b.yaml")
+    without_megatron = {n: s for n, s in installed_backends().items() if n != "megatron"}
+    errors = [p for p in validate(cfg, strict=False, installed=without_megatron) if p.severity == "error"]
+    assert any(p.key == "actor.backend" and "verl-megatron" in p.message + p.fix for p in errors)
+
+
+def test_every_backend_package_is_discovered():
+    assert {"fsdp", "megatron", "hf", "vllm", "sglang", "torch", "triton"} <= set(installed_backends())
