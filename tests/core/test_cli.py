@@ -32,6 +32,7 @@ placement: {nnodes: 1, devices_per_node: 2, device: cpu}
 def fixed_environment(monkeypatch):
     # The CLI asks the environment; these tests fix its answers so they hold on any machine and path.
     monkeypatch.setattr(backends, "installed_backends", lambda: INSTALLED)
+    monkeypatch.setattr(cli, "installed_backends", lambda: INSTALLED)
     monkeypatch.setattr(validate_module, "_cuda_available", lambda: False)
 
 
@@ -75,6 +76,23 @@ def test_validate_reports_every_problem_and_exits_2(tmp_path, capsys):
 def test_load_errors_exit_2_without_traceback(tmp_path, capsys):
     code, out, err = run(capsys, "validate", recipe(tmp_path, RECIPE + "actr: {}\n"))
     assert code == 2 and "actr" in err
+
+
+def test_load_and_semantic_problems_are_reported_together(tmp_path, capsys):
+    # A typo, a wrong type and a batch size that does not divide: one run shows all three.
+    code, out, err = run(
+        capsys,
+        "validate",
+        recipe(tmp_path),
+        "actor.ppo_mini_bach_size=4",
+        "rollout.parallel.tp=two",
+        "actor.ppo_micro_batch_size_per_device=3",
+    )
+    assert code == 2
+    assert "did you mean 'ppo_mini_batch_size'" in err
+    assert "rollout.parallel.tp: expected int, got str 'two'" in err
+    assert "actor.ppo_micro_batch_size_per_device" in err
+    assert "3 errors" in err
 
 
 def test_missing_recipe_file(tmp_path, capsys):

@@ -11,7 +11,7 @@ from verl.backends import installed_backends
 from verl.config.errors import ConfigError
 from verl.config.loader import load_config
 from verl.config.validate import validate
-from verl.placement import enabled_roles, make_plan
+from verl.placement import enabled_roles, make_plan, role_backend
 
 RECIPES = Path("recipes")
 NAMES = sorted(p.stem for p in RECIPES.glob("*.yaml"))
@@ -29,12 +29,7 @@ def build_targets() -> dict[str, set[str]]:
 
 
 def backends_named(cfg) -> set[str]:
-    roles = enabled_roles(cfg)
-    names = {cfg.actor.backend, cfg.rollout.backend}
-    if "ref" in roles:
-        names.add(cfg.ref.backend or cfg.actor.backend)
-    if "critic" in roles:
-        names.add(cfg.critic.backend)
+    names = {role_backend(cfg, role) for role in enabled_roles(cfg)}
     if cfg.actor.use_fused_kernels:
         names.add(cfg.actor.fused_kernel_impl)
     return names
@@ -66,10 +61,10 @@ def test_recipe_validates_and_plans(name):
 def test_llama3_8b_plans_16_gpus_with_the_stated_layout():
     cfg = load_config(RECIPES / "grpo_llama3_8b.yaml")
     plan, _ = make_plan(cfg)
-    assert plan.total_devices == 16
-    actor = plan.layouts["actor"]
+    assert plan.nnodes * plan.devices_per_node == 16 and plan.device == "cuda"
+    actor = plan.layout("actor")
     assert (actor.tp, actor.pp, actor.dp) == (4, 2, 2)
-    rollout = plan.layouts["rollout"]
+    rollout = plan.layout("rollout")
     assert (rollout.tp, rollout.dp) == (2, 8)
 
 

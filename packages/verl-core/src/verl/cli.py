@@ -14,7 +14,11 @@ import importlib.metadata
 import sys
 from typing import Any, List, Optional, Sequence, TextIO, Tuple
 
+from verl.backends import KNOWN_BACKENDS, installed_backends
 from verl.config.errors import ConfigError, ConfigProblem
+from verl.config.loader import read_config, to_yaml
+from verl.config.validate import errors, validate
+from verl.placement import format_plan, make_plan
 
 EXIT_OK = 0
 EXIT_BAD_CONFIG = 2
@@ -61,48 +65,30 @@ def _print_problems(problems: Sequence[ConfigProblem], stream: TextIO) -> None:
         print(f"{n_err} error{'s' if n_err != 1 else ''}, {n_warn} warning{'s' if n_warn != 1 else ''}", file=stream)
 
 
-def _load(recipe: str, overrides: Sequence[str]) -> Tuple[Any, List[ConfigProblem]]:
-    """The loaded config, or None and the problems that stopped it loading."""
-    from omegaconf.errors import OmegaConfBaseException
-
-    from verl.config.loader import load_config  # written alongside; imported here so this module loads without it
-
-    try:
-        return load_config(recipe, overrides), []
-    except ConfigError as e:
-        return None, e.problems
-    except (OSError, OmegaConfBaseException) as e:
-        return None, [ConfigProblem("", f"cannot load '{recipe}': {e}", location=recipe)]
-
-
 def _check(recipe: str, overrides: Sequence[str], strict: bool, show_config: bool) -> Tuple[Any, Any, int]:
-    """Load, validate, print (config, plan, problems); returns (cfg, plan, exit code)."""
-    from omegaconf.errors import OmegaConfBaseException
+    """Load, validate, print (config, plan, problems); returns (cfg, plan, exit code).
 
-    from verl.config.validate import errors, validate
-    from verl.placement import format_plan, make_plan
-
-    cfg, problems = _load(recipe, overrides)
-    if cfg is None:
+    Loading problems (syntax, unknown keys, types) and semantic ones (batch sizes, layouts, backends)
+    are reported together, so one run shows everything to fix.
+    """
+    cfg, problems = read_config(recipe, overrides)
+    if cfg is None:  # the file itself could not be read or parsed
         _print_problems(problems, sys.stderr)
         return None, None, EXIT_BAD_CONFIG
+    # A key the loader already flagged (e.g. a wrong type, left at its default) says it best.
+    flagged = {p.key for p in problems}
+    problems += [p for p in validate(cfg, strict=strict) if p.key not in flagged]
+    plan, _ = make_plan(cfg)  # its problems are among validate's
     try:
-        problems = validate(cfg, strict=strict)
-        plan, _ = make_plan(cfg)  # its problems are among validate's
         if show_config:
-            from verl.config.loader import to_yaml
-
             print("# resolved config")
             print(to_yaml(cfg, resolve=True).rstrip())
             print()
-    except ConfigError as e:  # to_yaml: an interpolation that does not resolve
-        _print_problems(e.problems, sys.stderr)
-        return cfg, None, EXIT_BAD_CONFIG
-    except OmegaConfBaseException as e:
-        _print_problems([ConfigProblem("", f"cannot resolve the config: {e}", location=recipe)], sys.stderr)
+    except ConfigError as e:  # an interpolation that does not resolve
+        _print_problems(problems + e.problems, sys.stderr)
         return cfg, None, EXIT_BAD_CONFIG
     print("# plan")
-    print(format_plan(plan) if plan is not None else "(no plan: fix the placement errors below)")
+    print(format_plan(plan) if plan is not None else "(no plan: the placement has errors, listed below)")
     _print_problems(problems, sys.stderr)
     return cfg, plan, EXIT_BAD_CONFIG if errors(problems) else EXIT_OK
 
@@ -137,8 +123,6 @@ def _version(distribution: str) -> Optional[str]:
 
 
 def _backend_lines() -> List[str]:
-    from verl.backends import KNOWN_BACKENDS, installed_backends
-
     installed = installed_backends()
     lines = []
     kinds = ("train", "rollout", "kernels")

@@ -33,7 +33,7 @@ KeyPath = tuple[str | int, ...]  # str for mapping keys, int for list indices
 Locate = Callable[[KeyPath], str | None]
 Container = DictConfig | ListConfig
 
-__all__ = ["load_config", "parse_overrides", "to_yaml"]
+__all__ = ["load_config", "read_config", "parse_overrides", "to_yaml"]
 
 
 # --------------------------------------------------------------------------- public API
@@ -41,6 +41,18 @@ __all__ = ["load_config", "parse_overrides", "to_yaml"]
 
 def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> DictConfig:
     """Recipe file + key=value overrides merged onto the schema; raises ConfigError listing every problem."""
+    cfg, problems = read_config(path, overrides)
+    if cfg is None or any(p.severity == "error" for p in problems):
+        raise ConfigError(problems)
+    return cfg
+
+
+def read_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> tuple[DictConfig | None, list[ConfigProblem]]:
+    """Like `load_config`, but returns the problems instead of raising.
+
+    The config comes back even with problems (bad keys are left at their defaults) so that a caller
+    can go on to check the rest; it is None only when the file itself could not be read or parsed.
+    """
     cfg = OmegaConf.structured(VerlConfig)
     data, locations, problems = _read_recipe(path)
     if data:
@@ -58,9 +70,7 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> DictC
     if data is not None:
         problems += _missing_problems(cfg, locations, problems)
         problems += _interpolation_problems(cfg, locations)
-    if any(p.severity == "error" for p in problems):
-        raise ConfigError(problems)
-    return cfg
+    return (cfg if data is not None else None), problems
 
 
 def parse_overrides(overrides: Sequence[str]) -> tuple[dict, list[ConfigProblem]]:
