@@ -5,22 +5,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from omegaconf import OmegaConf
-
 from verl.config.schema import VerlConfig
 from verl.placement import Layout, enabled_roles, format_plan, make_plan
 
-BASE = {
-    "model": {"path": "m"},
-    "data": {"train_files": ["t.parquet"], "train_batch_size": 16},
-    "actor": {"ppo_mini_batch_size": 4},
-    "rollout": {"n": 4},
-}
-
-
-def make_cfg(*updates: dict):
-    return OmegaConf.merge(OmegaConf.structured(VerlConfig), BASE, *updates)
-
+from tests.fixtures import make_cfg
 
 SIXTEEN = {
     "data": {"train_batch_size": 256},
