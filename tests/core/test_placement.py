@@ -130,7 +130,7 @@ def test_only_the_last_pool_may_leave_devices_unset():
     )
     plan, problems = make_plan(cfg)
     assert plan is None
-    assert [p.key for p in problems] == ["placement.pools[0].devices"]
+    assert [p.key for p in problems] == ["placement.pools.0.devices"]
     assert "only the last pool" in problems[0].message
 
 

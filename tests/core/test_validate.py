@@ -118,7 +118,7 @@ def test_role_in_two_pools():
 
 def test_unknown_role_gets_a_suggestion():
     p = only(check({"placement": {"pools": [{"name": "h", "roles": ["actr", "actor", "rollout"]}]}}))
-    assert p.key == "placement.pools[0].roles" and "'actr'" in p.message and "did you mean 'actor'" in p.fix
+    assert p.key == "placement.pools.0.roles" and "'actr'" in p.message and "did you mean 'actor'" in p.fix
 
 
 def test_pools_take_more_devices_than_exist():
@@ -132,13 +132,13 @@ def test_pools_take_more_devices_than_exist():
 def test_pool_with_zero_devices():
     pools = [{"name": "a", "roles": ["actor", "rollout"], "devices": 0}]
     p = only(check({"placement": {"pools": pools}}))
-    assert p.key == "placement.pools[0].devices" and "pool 'a' has 0 devices" in p.message
+    assert p.key == "placement.pools.0.devices" and "pool 'a' has 0 devices" in p.message
 
 
 def test_pool_left_without_devices_by_the_pools_before_it():
     pools = [{"name": "a", "roles": ["actor", "rollout"], "devices": 4}, {"name": "b", "roles": ["ref"]}]
     p = only(check({"ref": {"enable": True}, "placement": {"devices_per_node": 4, "pools": pools}}))
-    assert p.key == "placement.pools[1].devices" and "gets 0 devices" in p.message
+    assert p.key == "placement.pools.1.devices" and "gets 0 devices" in p.message
 
 
 def test_idle_devices_are_a_warning():

@@ -366,7 +366,7 @@ def resolve_pools(cfg: DictConfig) -> Tuple[Tuple[Tuple[str, int, int], ...], Li
     resolved: List[Tuple[str, int, int]] = []
     taken = 0
     for i, pool in enumerate(pools):
-        key, name, devices = f"placement.pools[{i}].devices", _pool_name(pool, i), value(pool, "devices")
+        key, name, devices = f"placement.pools.{i}.devices", _pool_name(pool, i), value(pool, "devices")
         if devices is None and i < len(pools) - 1:
             problems.append(
                 ConfigProblem(
@@ -435,7 +435,7 @@ def assign_roles(cfg: DictConfig, roles: Sequence[str]) -> Tuple[Tuple[Tuple[str
                 hint = f"did you mean '{close[0]}'? " if close else ""
                 problems.append(
                     ConfigProblem(
-                        f"placement.pools[{i}].roles",
+                        f"placement.pools.{i}.roles",
                         f"unknown role '{role}' in pool '{name}'",
                         f"{hint}roles: {', '.join(ROLES)}",
                     )
@@ -444,7 +444,7 @@ def assign_roles(cfg: DictConfig, roles: Sequence[str]) -> Tuple[Tuple[Tuple[str
         if not any(r in roles for r in pool_roles) and all(r in ROLES for r in pool_roles):
             problems.append(
                 ConfigProblem(
-                    f"placement.pools[{i}].roles",
+                    f"placement.pools.{i}.roles",
                     f"pool '{name}' holds no enabled role ({', '.join(pool_roles) or 'none listed'}); "
                     "its devices stay idle",
                     f"remove pool '{name}', or place an enabled role in it",
