@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import sys
 import textwrap
 from pathlib import Path
 
@@ -182,6 +184,17 @@ def test_info_lists_backends_libraries_and_devices(capsys):
     for lib in ("torch", "transformers", "ray", "megatron-core", "vllm", "sglang", "triton", "tensordict", "omegaconf"):
         assert f"\n  {lib} " in out
     assert "CUDA:" in out
+
+
+def test_info_into_a_closed_pipe_exits_quietly(monkeypatch, capsys):
+    # `verl info | head -1`: the reader goes away; the command must not end in a BrokenPipeError traceback.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    stdout = os.fdopen(write_end, "w", buffering=1)
+    monkeypatch.setattr(sys, "stdout", stdout)
+    assert cli.main(["info"]) == 0
+    stdout.close()
+    assert "Traceback" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv", [[], ["bogus"], ["train"], ["validate", "r.yaml", "--nope"], ["info", "extra"]])

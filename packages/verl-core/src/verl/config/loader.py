@@ -57,12 +57,9 @@ def read_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> tuple
     data, locations, problems = _read_recipe(path)
     if data:
         _apply_section(cfg, VerlConfig, data, (), lambda p: locations.get(_dotted(p)), problems)
-    for text in overrides:
-        parsed = _parse_override(text)
-        if isinstance(parsed, ConfigProblem):
-            problems.append(parsed)
-            continue
-        key_path, value = parsed
+    parsed, override_problems = _parse_all(overrides)
+    problems += override_problems
+    for text, key_path, value in parsed:
         where = f"override '{text}'"
         locations[_dotted(key_path)] = where
         _apply_section(cfg, VerlConfig, _nest(key_path, value), (), lambda _p, w=where: w, problems)
@@ -80,13 +77,8 @@ def parse_overrides(overrides: Sequence[str]) -> tuple[dict, list[ConfigProblem]
     `load_config` applies them to the existing list elements.
     """
     nested: dict = {}
-    problems: list[ConfigProblem] = []
-    for text in overrides:
-        parsed = _parse_override(text)
-        if isinstance(parsed, ConfigProblem):
-            problems.append(parsed)
-            continue
-        key_path, value = parsed
+    parsed, problems = _parse_all(overrides)
+    for _text, key_path, value in parsed:
         node = nested
         for part in key_path[:-1]:
             if not isinstance(node.get(part), dict):  # a later override wins over an earlier scalar
@@ -221,6 +213,18 @@ def _record_locations(
 
 
 # --------------------------------------------------------------------------- overrides
+
+
+def _parse_all(overrides: Sequence[str]) -> tuple[list[tuple[str, KeyPath, Any]], list[ConfigProblem]]:
+    """Parse every override; the good ones as (text, key path, value), a problem per bad one."""
+    parsed, problems = [], []
+    for text in overrides:
+        result = _parse_override(text)
+        if isinstance(result, ConfigProblem):
+            problems.append(result)
+        else:
+            parsed.append((text, *result))
+    return parsed, problems
 
 
 def _parse_override(text: str) -> tuple[KeyPath, Any] | ConfigProblem:
