@@ -5,29 +5,31 @@
 # Usage: check_install.sh [DIST_DIR]. Extra pip arguments (an index, find-links) come from pip's own config.
 set -euo pipefail
 dist="$(cd "${1:-dist}" && pwd)"
-recipes="$(cd "$(dirname "$0")/../recipes" && pwd)"
+here="$(cd "$(dirname "$0")" && pwd)"
+recipes="$here/../recipes"
 python="${VERL_TEST_PYTHON:-python3.11}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-torch_pin="torch==2.13.0+cpu"  # the CPU build, as in 3rdparty/python/cpu-constraints.txt
+constraints="$here/../3rdparty/python/cpu-constraints.txt"  # the CPU torch build, as the lockfile has it
 
 fail() { echo "check_install: $*" >&2; exit 1; }
 pip_install() {  # quietly; pip's log is shown only when it fails
-    "$work/core/bin/pip" install -q "$@" "$torch_pin" > "$work/pip.log" 2>&1 || { cat "$work/pip.log" >&2; fail "pip install $* failed"; }
+    "$work/core/bin/pip" install -q -c "$constraints" "$@" > "$work/pip.log" 2>&1 || { cat "$work/pip.log" >&2; fail "pip install $* failed"; }
 }
 
 "$python" -m venv "$work/core"
 pip_install "$dist"/verl_core-*.whl
-heavy="$("$work/core/bin/python" - <<'PY'
-import importlib.metadata as md
-names = {d.metadata["Name"].lower() for d in md.distributions()}
-print(" ".join(sorted(names & {"megatron-core", "vllm", "sglang", "triton"})))
+heavy="$("$work/core/bin/python" - "$here" <<'PY'
+import importlib.metadata as md, sys
+sys.path.insert(0, sys.argv[1])
+from check_wheels import HEAVY  # one list of what verl-core must not pull in
+print(" ".join(sorted(HEAVY & {d.metadata["Name"].lower() for d in md.distributions()})))
 PY
 )"
 [ -z "$heavy" ] || fail "installing verl-core alone pulled in: $heavy"
 (cd "$work" && "$work/core/bin/verl" info) > "$work/info-core.txt" || fail "verl info failed with verl-core alone"
 grep -q "fsdp .*not installed (pip install verl-fsdp)" "$work/info-core.txt" || fail "verl info (core only) did not list fsdp as not installed"
-echo "check_install: verl-core alone: $("$work/core/bin/pip" list 2>/dev/null | tail -n +3 | wc -l) distributions, none of megatron-core/vllm/sglang/triton"
+echo "check_install: verl-core alone: $("$work/core/bin/pip" list 2>/dev/null | tail -n +3 | wc -l) distributions, none of the heavy backend dependencies"
 
 pip_install "$dist"/verl_*.whl
 (cd "$work" && "$work/core/bin/verl" info) > "$work/info-all.txt" || fail "verl info failed with all packages"

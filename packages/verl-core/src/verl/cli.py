@@ -183,7 +183,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except BrokenPipeError:  # `verl info | head`: the reader left; say nothing more
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again
+        os.close(devnull)
         return EXIT_OK
 
 
