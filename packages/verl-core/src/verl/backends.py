@@ -29,6 +29,7 @@ class BackendSpec:
     package: str  # the distribution that provides it
     requires: Tuple[str, ...] = ()  # third-party modules it imports at run time
     extra: Optional[str] = None  # pip requirement that brings `requires`, e.g. "verl-rollout[vllm]"
+    engine: Optional[str] = None  # "module:Class" implementing verl.engine.TrainEngine / RolloutEngine
 
     def missing_requirements(self) -> List[str]:
         return [m for m in self.requires if not _module_available(m)]

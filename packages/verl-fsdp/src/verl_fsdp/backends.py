@@ -2,5 +2,7 @@
 
 from verl.backends import BackendSpec
 
-FSDP = BackendSpec(name="fsdp", kind="train", package="verl-fsdp", requires=("transformers",))
+FSDP = BackendSpec(
+    name="fsdp", kind="train", package="verl-fsdp", requires=("transformers",), engine="verl_fsdp.engine:FSDPEngine"
+)
 BACKENDS = (FSDP,)

@@ -2,7 +2,9 @@
 
 from verl.backends import BackendSpec
 
-HF = BackendSpec(name="hf", kind="rollout", package="verl-rollout", requires=("transformers",))
+HF = BackendSpec(
+    name="hf", kind="rollout", package="verl-rollout", requires=("transformers",), engine="verl_rollout.hf:HFRollout"
+)
 # vLLM and SGLang are optional extras: their wheels are large and CUDA-specific.
 VLLM = BackendSpec(
     name="vllm", kind="rollout", package="verl-rollout", requires=("vllm",), extra="verl-rollout[vllm]"

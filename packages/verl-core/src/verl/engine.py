@@ -1,0 +1,103 @@
+"""The backend interface: what a training engine and a rollout engine must do.
+
+Role workers (`verl.workers`) are written once against these protocols; verl-fsdp and verl-megatron
+implement `TrainEngine`, verl-rollout's hf/vllm/sglang implement `RolloutEngine`. The core never imports a
+backend: `load_engine` finds the class through the backend's `BackendSpec.engine` entry.
+
+Batch layout shared by every engine (one row per sample):
+  input_ids [B, P+R]     prompt (left-padded) followed by the response (right-padded)
+  attention_mask [B, P+R], position_ids [B, P+R]
+  responses [B, R], response_mask [B, R]   (1 on generated tokens, up to and including eos)
+Per-token outputs are aligned with `responses`: out[:, t] belongs to responses[:, t].
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Protocol, Tuple
+
+import torch
+
+from verl.backends import BackendSpec, installed_backends
+from verl.protocol import DataProto
+
+Metrics = Dict[str, float]
+# loss_fn(outputs, micro_batch) -> (loss, metrics): outputs holds "log_probs"/"entropy" (policy) or "values" (critic).
+LossFn = Callable[[Dict[str, torch.Tensor], DataProto], Tuple[torch.Tensor, Metrics]]
+Weights = Iterable[Tuple[str, torch.Tensor]]
+
+
+@dataclass
+class EngineConfig:
+    """What a worker asks of a train engine, gathered from the role's config section."""
+
+    model_path: str  # a Hugging Face folder
+    kind: str = "causal_lm"  # causal_lm (actor, reference) | value (critic: a scalar head per token)
+    optim: Optional[Any] = None  # verl.config.schema.OptimConfig; None: inference only (the reference)
+    total_steps: int = 1  # optimizer steps the LR schedule spans
+    device: str = "cpu"
+    dtype: str = "bfloat16"  # parameter/compute dtype on GPU; CPU always computes in float32
+    gradient_checkpointing: bool = False
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    use_fused_kernels: bool = False
+    fused_kernel_impl: str = "torch"
+    seed: int = 1
+    parallel: Optional[Any] = None  # verl.config.schema.ParallelConfig (backends that split the model use it)
+    override_config: Dict[str, Any] = field(default_factory=dict)
+
+
+class TrainEngine(Protocol):
+    """A model being trained (or only evaluated, for the reference) on this worker's shard of the role."""
+
+    def infer(self, batch: DataProto, *, micro_batch_size: int, temperature: float = 1.0, entropy: bool = False) -> DataProto:
+        """Per-token log_probs (and entropy) of `responses`, or per-token `values` for a value model."""
+
+    def train_step(self, batch: DataProto, loss_fn: LossFn, *, micro_batch_size: int) -> Metrics:
+        """One optimizer step over `batch` with gradient accumulation over micro-batches; returns metrics."""
+
+    def weights(self) -> Iterator[Tuple[str, torch.Tensor]]:
+        """Full (unsharded) parameters one tensor at a time, in Hugging Face names; collective on all ranks."""
+
+    def save_checkpoint(self, path: str) -> None: ...
+
+    def load_checkpoint(self, path: str) -> None: ...
+
+    def export_hf(self, path: str) -> None:
+        """Write a Hugging Face folder (safetensors, config, tokenizer); collective, rank 0 writes."""
+
+    def offload(self) -> None: ...
+
+    def onload(self) -> None: ...
+
+
+class RolloutEngine(Protocol):
+    """Generates responses for prompts; its weights follow the actor's after every update."""
+
+    def generate(self, prompts: DataProto, *, n: int, greedy: bool = False) -> DataProto:
+        """prompts: input_ids/attention_mask/position_ids [B, P]. Returns B*n rows (samples of one prompt
+        adjacent) with input_ids, attention_mask, position_ids, prompts, responses, response_mask and
+        rollout_log_probs; non-tensor columns are repeated alongside."""
+
+    def update_weights(self, weights: Weights) -> int:
+        """Load new weights in place; returns the bytes received (0 when the weights are shared)."""
+
+    def sleep(self) -> None: ...
+
+    def wake(self) -> None: ...
+
+
+def load_engine(backend: str, kind: str) -> type:
+    """The engine class of an installed backend (e.g. ("fsdp", "train")), with an install hint if absent."""
+    spec: BackendSpec | None = installed_backends().get(backend)
+    if spec is None or spec.kind != kind:
+        raise ValueError(f"no installed {kind} backend named '{backend}'; `verl info` lists what is installed")
+    if not spec.engine:
+        raise ValueError(f"the {kind} backend '{backend}' ({spec.package}) does not provide an engine in this version")
+    module, _, name = spec.engine.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as e:
+        hint = f"pip install {spec.extra}" if spec.extra else f"pip install {spec.package}"
+        raise ImportError(f"backend '{backend}' failed to import ({e}); {hint}") from e

@@ -1,0 +1,219 @@
+"""The FSDP2 train engine: a Hugging Face causal LM (or value model) sharded over this role's ranks.
+
+One instance per worker process; torch.distributed must be initialised (world size 1 included). The engine
+knows nothing of RL: it computes per-token outputs, runs a caller's loss over micro-batches, steps the
+optimizer, and moves weights and checkpoints in and out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Dict, Iterator, List, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+from verl.engine import EngineConfig, LossFn, Metrics
+from verl.protocol import DataProto
+from verl.utils.hf_files import copy_tokenizer_files
+from verl.utils.logprob import entropy_from_logits, logprobs_from_logits
+from verl.utils.lr_schedule import make_scheduler
+from verl.utils.rng import get_rng_state, set_rng_state
+from verl_fsdp.model import build_model
+from verl_fsdp.parallelize import apply_fsdp
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+class FSDPEngine:
+    def __init__(self, cfg: EngineConfig):
+        if not dist.is_initialized():
+            raise RuntimeError("FSDPEngine needs torch.distributed initialised (the worker's init_distributed)")
+        if cfg.dtype not in DTYPES:
+            raise ValueError(f"model.dtype '{cfg.dtype}' is not one of {', '.join(DTYPES)}")
+        self.cfg = cfg
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.device = torch.device("cpu") if cfg.device == "cpu" else torch.device("cuda", torch.cuda.current_device())
+        # CPU runs compute in float32 (bf16 matmuls on CPU are slow and lose the parity tests their meaning).
+        self.dtype = torch.float32 if cfg.device == "cpu" else DTYPES[cfg.dtype]
+        self.mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("dp",))
+
+        torch.manual_seed(cfg.seed)  # the same fresh value head on every rank
+        model = build_model(cfg, torch.float32)  # master weights in fp32; mixed precision casts for compute
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+        apply_fsdp(model, self.mesh, device=cfg.device, dtype=self.dtype, param_offload=cfg.param_offload)
+        if cfg.device != "cpu" and not cfg.param_offload:
+            model.to(self.device)
+        self.model = model
+        self.optimizer = self.scheduler = None
+        if cfg.optim is not None:
+            o = cfg.optim
+            self.optimizer = torch.optim.AdamW(
+                model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
+            )
+            self.scheduler = make_scheduler(self.optimizer, o, cfg.total_steps)
+
+    # ---- forward -------------------------------------------------------------------------------------
+    def _forward(self, mb: DataProto, temperature: float, entropy: bool) -> Dict[str, torch.Tensor]:
+        b = mb.batch
+        r = b["responses"].shape[1]
+        kwargs = dict(
+            input_ids=b["input_ids"].to(self.device),
+            attention_mask=b["attention_mask"].to(self.device),
+            position_ids=b["position_ids"].to(self.device),
+            use_cache=False,
+        )
+        if self.cfg.kind == "value":
+            values = self.model(**kwargs).logits.squeeze(-1)
+            # The value of the state before each response token: positions P-1 .. P+R-2.
+            return {"values": values[:, -r - 1 : -1].float()}
+        # Only the last R+1 positions' logits are computed: the ones that predict response tokens.
+        logits = self.model(**kwargs, logits_to_keep=r + 1).logits[:, :-1]
+        logits = logits.float() / temperature
+        labels = b["responses"].to(self.device)
+        out = {"log_probs": logprobs_from_logits(logits, labels)}
+        if entropy:
+            out["entropy"] = entropy_from_logits(logits)
+        return out
+
+    def infer(self, batch: DataProto, *, micro_batch_size: int, temperature: float = 1.0, entropy: bool = False) -> DataProto:
+        self.model.eval()
+        outs: List[Dict[str, torch.Tensor]] = []
+        with torch.no_grad():
+            for mb in batch.split(micro_batch_size):
+                outs.append({k: v.cpu() for k, v in self._forward(mb, temperature, entropy).items()})
+        return DataProto.from_dict({k: torch.cat([o[k] for o in outs]) for k in outs[0]})
+
+    # ---- training ------------------------------------------------------------------------------------
+    def train_step(
+        self,
+        batch: DataProto,
+        loss_fn: LossFn,
+        *,
+        micro_batch_size: int,
+        temperature: float = 1.0,
+        entropy: bool = False,
+    ) -> Metrics:
+        """Accumulate gradients over micro-batches of `batch` (each weighted by its share of the rows), clip, step."""
+        if self.optimizer is None:
+            raise RuntimeError("this engine was built without an optimizer (inference only)")
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        micro = batch.split(micro_batch_size)
+        totals: Dict[str, float] = {}
+        for i, mb in enumerate(micro):
+            # Reduce-scatter gradients once, on the last micro-batch, instead of after every backward.
+            self.model.set_requires_gradient_sync(i == len(micro) - 1)
+            loss, metrics = loss_fn(self._forward(mb, temperature, entropy), mb)
+            share = len(mb) / len(batch)
+            (loss * share).backward()
+            for k, v in metrics.items():
+                totals[k] = totals.get(k, 0.0) + float(v) * share
+        grad_norm = _full(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip))
+        grad_norm = float(grad_norm)
+        if torch.isfinite(torch.tensor(grad_norm)):
+            self.optimizer.step()
+        else:  # a non-finite gradient would poison the weights: skip this step and say so
+            totals["skipped_steps"] = 1.0
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {**totals, "grad_norm": grad_norm, "lr": lr}
+
+    @contextlib.contextmanager
+    def gathered(self) -> Iterator[torch.nn.Module]:
+        """Hold every FSDP unit unsharded (full weights, no per-forward all-gathers) for generation, then
+        release them: the hybrid engine's generation phase without a second copy of the weights."""
+        units = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
+        for m in units:
+            m.unshard()
+            m.set_reshard_after_forward(False, recurse=False)
+        try:
+            yield self.model
+        finally:
+            for m in units:
+                m.set_reshard_after_forward(m is not self.model, recurse=False)  # as apply_fsdp set them
+                m.reshard()
+
+    # ---- weights and checkpoints ---------------------------------------------------------------------
+    def weights(self) -> Iterator[Tuple[str, torch.Tensor]]:
+        for name, param in self.model.named_parameters():
+            yield name, _full(param.detach())
+
+    def save_checkpoint(self, path: str) -> None:
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer) if self.optimizer else (
+            get_model_state_dict(self.model),
+            {},
+        )
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+        extra = {"rng": get_rng_state(), "scheduler": self.scheduler.state_dict() if self.scheduler else None}
+        torch.save(extra, os.path.join(path, f"extra_rank{self.rank}.pt"))
+        dist.barrier()
+
+    def load_checkpoint(self, path: str) -> None:
+        if self.optimizer is not None:
+            model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        else:
+            model_sd, optim_sd = get_model_state_dict(self.model), {}
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=path)
+        if self.optimizer is not None:
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        else:
+            from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+            set_model_state_dict(self.model, state["model"])
+        extra = torch.load(os.path.join(path, f"extra_rank{self.rank}.pt"), weights_only=False)
+        if self.scheduler is not None and extra["scheduler"] is not None:
+            self.scheduler.load_state_dict(extra["scheduler"])
+        set_rng_state(extra["rng"])
+
+    def export_hf(self, path: str) -> None:
+        """Rank 0 writes safetensors + config + tokenizer (and generation config) to `path`."""
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank == 0:
+            os.makedirs(path, exist_ok=True)
+            self.model.save_pretrained(path, state_dict=full, safe_serialization=True)
+            copy_tokenizer_files(self.cfg.model_path, path)
+        dist.barrier()
+
+    # ---- memory --------------------------------------------------------------------------------------
+    def offload(self) -> None:
+        """Move parameters and optimizer state to host memory between phases (GPU; a no-op on CPU)."""
+        if self.device.type == "cpu":
+            return
+        self.model.to("cpu")
+        self._move_optimizer("cpu")
+        torch.cuda.empty_cache()
+
+    def onload(self) -> None:
+        if self.device.type == "cpu":
+            return
+        if not self.cfg.param_offload:
+            self.model.to(self.device)
+        self._move_optimizer(self.device)
+
+    def _move_optimizer(self, device) -> None:
+        if self.optimizer is None:
+            return
+        for state in self.optimizer.state.values():
+            for k, v in state.items():
+                if isinstance(v, torch.Tensor) and k != "step":
+                    state[k] = v.to(device, non_blocking=True)

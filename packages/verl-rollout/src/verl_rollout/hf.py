@@ -1,0 +1,125 @@
+"""The `hf` rollout engine: batched sampling with transformers' `generate`.
+
+Colocated with the actor (the hybrid engine), it generates with the actor's own module: the FSDP shards are
+gathered for the duration of generation and released after, so no second copy of the weights exists and a
+weight sync moves nothing. Built without a shared module, it loads its own copy and takes new weights
+from the actor's per-tensor iterator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, ContextManager, Optional
+
+import torch
+from transformers import AutoModelForCausalLM, GenerationConfig
+
+from verl.engine import Weights
+from verl.protocol import DataProto
+
+
+def response_mask_until_eos(responses: torch.Tensor, eos_ids: list[int]) -> torch.Tensor:
+    """1 on every token up to and including the first eos of each row, 0 after it."""
+    is_eos = torch.isin(responses, torch.tensor(eos_ids, device=responses.device))
+    # Tokens strictly after the first eos have at least one eos before them.
+    eos_before = torch.cumsum(is_eos.int(), dim=1) - is_eos.int()
+    return (eos_before == 0).to(torch.long)
+
+
+class HFRollout:
+    def __init__(
+        self,
+        cfg,  # verl.config.schema.RolloutConfig
+        *,
+        model_path: str,
+        max_new_tokens: int,
+        eos_token_id: int | list[int],
+        pad_token_id: int,
+        device: str = "cpu",
+        module: Optional[torch.nn.Module] = None,
+        gather: Optional[Callable[[], ContextManager]] = None,
+    ):
+        self.cfg = cfg
+        self.max_new_tokens = max_new_tokens
+        self.eos_ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+        self.pad_token_id = pad_token_id
+        self.device = torch.device(device)
+        self.shared = module is not None
+        if module is None:
+            module = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation="sdpa")
+            module.to(self.device)
+        self.module = module
+        self.gather = gather or contextlib.nullcontext
+
+    def _generation_config(self, greedy: bool) -> GenerationConfig:
+        sample = not greedy and self.cfg.temperature > 0
+        kwargs = dict(
+            do_sample=sample,
+            max_new_tokens=self.max_new_tokens,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_token_id,
+            use_cache=True,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        if sample:
+            kwargs.update(temperature=self.cfg.temperature, top_p=self.cfg.top_p, top_k=self.cfg.top_k if self.cfg.top_k > 0 else 0)
+        return GenerationConfig(**kwargs)
+
+    @torch.no_grad()
+    def generate(self, prompts: DataProto, *, n: int = 1, greedy: bool = False) -> DataProto:
+        if n > 1:
+            prompts = prompts.repeat(n, interleave=True)
+        ids = prompts.batch["input_ids"].to(self.device)
+        mask = prompts.batch["attention_mask"].to(self.device)
+        pos = prompts.batch["position_ids"].to(self.device)
+        p = ids.shape[1]
+        was_training = self.module.training
+        self.module.eval()
+        with self.gather():
+            out = self.module.generate(input_ids=ids, attention_mask=mask, generation_config=self._generation_config(greedy))
+        self.module.train(was_training)
+
+        responses = out.sequences[:, p:]
+        # The log-probs the sampler used: raw logits scaled by the temperature (before top-k/top-p).
+        temperature = 1.0 if greedy or self.cfg.temperature <= 0 else self.cfg.temperature
+        logits = torch.stack(out.logits, dim=1).float() / temperature
+        log_probs = torch.log_softmax(logits, -1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+        # Fixed width R = max_new_tokens, so batches from different ranks concatenate.
+        pad = self.max_new_tokens - responses.shape[1]
+        responses = torch.nn.functional.pad(responses, (0, pad), value=self.pad_token_id)
+        log_probs = torch.nn.functional.pad(log_probs, (0, pad), value=0.0)
+        response_mask = response_mask_until_eos(responses, self.eos_ids)
+        response_mask[:, responses.shape[1] - pad :] = 0
+        log_probs = log_probs * response_mask
+        steps = torch.arange(1, self.max_new_tokens + 1, device=self.device)
+        response_pos = pos[:, -1:] + steps
+        tensors = {
+            "prompts": ids.cpu(),
+            "responses": responses.cpu(),
+            "response_mask": response_mask.cpu(),
+            "rollout_log_probs": log_probs.cpu(),
+            "input_ids": torch.cat([ids, responses], 1).cpu(),
+            "attention_mask": torch.cat([mask, response_mask], 1).cpu(),
+            "position_ids": torch.cat([pos, response_pos], 1).cpu(),
+        }
+        return DataProto.from_dict(tensors, dict(prompts.non_tensor_batch), dict(prompts.meta_info))
+
+    def update_weights(self, weights: Weights) -> int:
+        """Copy new weights into this engine's own module; a shared module already has them (0 bytes)."""
+        if self.shared:
+            return 0  # the iterator is lazy: not consuming it gathers nothing
+        params = dict(self.module.named_parameters())
+        moved = 0
+        for name, tensor in weights:
+            if name not in params:
+                raise KeyError(f"rollout model has no parameter '{name}' (the actor and rollout models differ)")
+            params[name].data.copy_(tensor.to(params[name].device, params[name].dtype))
+            moved += tensor.numel() * tensor.element_size()
+        return moved
+
+    def sleep(self) -> None:
+        """Nothing to release: transformers keeps no KV cache between generate calls."""
+
+    def wake(self) -> None:
+        pass
