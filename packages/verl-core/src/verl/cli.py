@@ -100,9 +100,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return code
 
 
-def start_trainer(cfg: Any, plan: Any) -> int:
-    """Start training: the one place the trainer loop plugs in once it is part of this package."""
-    print("verl: this build validates and plans only; the trainer loop is not part of this package yet.")
+def start_trainer(cfg: Any, plan: Any, name: str = "run") -> int:
+    """Train with the validated config and print the one-line summary."""
+    from verl.trainer.ppo import PPOTrainer, format_summary
+
+    trainer = PPOTrainer(cfg)
+    try:
+        summary = trainer.fit()
+    finally:
+        trainer.close()
+    print(format_summary(name, summary), flush=True)
     return EXIT_OK
 
 
@@ -113,7 +120,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg, plan, code = _check(args.recipe, args.overrides, strict=True, show_config=False)
     if code != EXIT_OK:
         return code
-    return start_trainer(cfg, plan)
+    return start_trainer(cfg, plan, name=os.path.splitext(os.path.basename(args.recipe))[0])
 
 
 def _version(distribution: str) -> Optional[str]:

@@ -40,6 +40,17 @@ class OptimConfig:
 
 
 @dataclass
+class WarmStartConfig:
+    """Supervised fine-tuning before RL (cached by these settings): prompt/response parquet files."""
+
+    files: List[str] = MISSING  # parquet with columns prompt (chat messages) and response, or "embedded:arithmetic-sft"
+    steps: int = 200
+    batch_size: int = 64
+    max_length: int = 64  # tokens of prompt + response; longer examples are dropped and counted
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, weight_decay=0.0))
+
+
+@dataclass
 class ModelConfig:
     path: str = MISSING  # Hugging Face folder, or an embedded model such as "embedded:tiny-llama"
     tokenizer_path: Optional[str] = None  # None: same as path
@@ -47,6 +58,7 @@ class ModelConfig:
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
     override_config: Dict[str, Any] = field(default_factory=dict)
+    warm_start: Optional[WarmStartConfig] = None  # SFT before RL
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Trainers: PPO/GRPO (`verl.trainer.ppo`) and SFT (`verl.trainer.sft`)."""

@@ -1,0 +1,96 @@
+"""Checkpoint folders that are either complete or absent: a crash mid-save never corrupts the last good one.
+
+A checkpoint is written into a hidden temporary folder beside the others, marked complete, then renamed
+into place (`os.replace` is atomic on one filesystem). `latest()` only ever sees complete folders; stale
+temporaries from a crashed save are removed by the next save. The last `keep_last` are kept.
+
+Layout: <root>/step_<N>/{actor/, critic/, trainer_state.pt, COMPLETE}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+COMPLETE = "COMPLETE"
+STATE_FILE = "trainer_state.pt"
+
+
+class CheckpointManager:
+    def __init__(self, root: str, keep_last: int = 2):
+        if keep_last < 1:
+            raise ValueError(f"checkpoint.keep_last must be >= 1, got {keep_last}")
+        self.root = root
+        self.keep_last = keep_last
+
+    def steps(self) -> List[int]:
+        """Steps with a complete checkpoint, oldest first."""
+        if not os.path.isdir(self.root):
+            return []
+        found = []
+        for name in os.listdir(self.root):
+            m = _STEP_DIR.match(name)
+            if m and os.path.exists(os.path.join(self.root, name, COMPLETE)):
+                found.append(int(m.group(1)))
+        return sorted(found)
+
+    def path(self, step: int) -> str:
+        return os.path.join(self.root, f"step_{step}")
+
+    def latest(self) -> Optional[str]:
+        steps = self.steps()
+        return self.path(steps[-1]) if steps else None
+
+    def save(self, step: int, write: Callable[[str], None], state: Dict[str, Any]) -> str:
+        """`write(tmp_dir)` has the workers write their shards; `state` is the driver's (data position, ...)."""
+        os.makedirs(self.root, exist_ok=True)
+        self._remove_stale_temporaries()
+        tmp = os.path.join(self.root, f".step_{step}.tmp-{uuid.uuid4().hex[:8]}")
+        os.makedirs(tmp)
+        write(tmp)
+        torch.save(state, os.path.join(tmp, STATE_FILE))
+        with open(os.path.join(tmp, COMPLETE), "w") as f:
+            json.dump({"step": step, "time": time.time()}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        final = self.path(step)
+        if os.path.exists(final):  # re-saving a step (e.g. after resuming from it): move the old one aside first
+            old = final + f".old-{uuid.uuid4().hex[:8]}"
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+        self._fsync_dir(self.root)
+        self._prune()
+        return final
+
+    def load_state(self, path: str) -> Dict[str, Any]:
+        if not os.path.exists(os.path.join(path, COMPLETE)):
+            raise FileNotFoundError(f"{path} is not a complete checkpoint (no {COMPLETE} marker); pick another")
+        return torch.load(os.path.join(path, STATE_FILE), weights_only=False)
+
+    def _prune(self) -> None:
+        for step in self.steps()[: -self.keep_last]:
+            shutil.rmtree(self.path(step), ignore_errors=True)
+
+    def _remove_stale_temporaries(self) -> None:
+        for name in os.listdir(self.root):
+            if (name.startswith(".step_") and ".tmp-" in name) or ".old-" in name:
+                shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+
+    @staticmethod
+    def _fsync_dir(path: str) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

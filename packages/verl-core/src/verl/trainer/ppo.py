@@ -1,0 +1,275 @@
+"""PPOTrainer: the RL loop on the single controller. One step, in order:
+
+generate -> reward -> old log-probs -> reference log-probs -> values -> advantages ->
+critic update -> actor update -> weight sync -> metrics -> checkpoint / validate
+
+The loop is plain sequential Python in the driver; workers do the heavy work. Every algorithm choice
+(advantage estimator, policy loss, KL) is a registry name from the recipe, not a branch here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from verl.algos import apply_kl_penalty, compute_advantages, estimator_needs_values, make_kl_controller
+from verl.algos.metrics import data_metrics
+from verl.data.build import make_rl_dataloaders
+from verl.placement import critic_enabled, ref_enabled
+from verl.protocol import DataProto
+from verl.reward import make_reward_manager
+from verl.tracking import Progress, Tracker
+from verl.trainer.checkpoint import CheckpointManager
+from verl.trainer.timer import StageTimer
+from verl.trainer.warm_start import prepare_model
+from verl.trainer.workers import start_workers
+from verl.utils.rng import get_rng_state, set_rng_state
+
+logger = logging.getLogger(__name__)
+
+
+def pad_to_multiple(batch: DataProto, k: int) -> tuple[DataProto, int]:
+    """Repeat the first rows so len(batch) divides by k (validation sets of any size over dp ranks)."""
+    pad = (-len(batch)) % k
+    if pad == 0:
+        return batch, 0
+    return DataProto.concat([batch, batch[list(range(pad))]]), pad
+
+
+def tokens_in(batch: DataProto) -> int:
+    """Prompt plus response tokens actually processed (padding excluded): HybridFlow's throughput unit."""
+    return int(batch.batch["attention_mask"].sum())
+
+
+class PPOTrainer:
+    def __init__(self, config: Any, reward_fn: Optional[Callable] = None):
+        self.cfg = cfg = config
+        self.output_dir = cfg.trainer.output_dir
+        self.model_path = prepare_model(cfg)
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.train_loader, self.val_loader = make_rl_dataloaders(cfg.data, self.tokenizer, seed=cfg.trainer.seed)
+        self.total_steps = cfg.trainer.total_steps or len(self.train_loader) * cfg.trainer.total_epochs
+        self.reward = make_reward_manager(cfg.reward, self.tokenizer, reward_fn=reward_fn)
+        self.use_ref = ref_enabled(cfg)
+        self.use_critic = critic_enabled(cfg)
+        if estimator_needs_values(cfg.algorithm.adv_estimator) and not self.use_critic:
+            raise ValueError(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs values: set critic.enable=true")
+        self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl) if cfg.algorithm.use_kl_in_reward else None
+        ckpt_dir = cfg.checkpoint.dir or os.path.join(self.output_dir, "checkpoints")
+        self.checkpoints = CheckpointManager(ckpt_dir, keep_last=cfg.checkpoint.keep_last)
+        self.tracker = Tracker(
+            cfg.tracking,
+            run_config=OmegaConf.to_container(cfg, resolve=True),
+            log_dir=cfg.tracking.log_dir or os.path.join(self.output_dir, "logs"),
+        )
+        self.workers = start_workers(cfg, model_path=self.model_path, total_steps=self.optimizer_steps())
+        self.dp = self.workers.actor_rollout.world_size
+        self.step = 0
+        self.val_history: List[Dict[str, float]] = []
+
+    def optimizer_steps(self) -> int:
+        """Optimizer steps over the run (what the LR schedule spans)."""
+        a = self.cfg.actor
+        per_step = a.ppo_epochs * (self.cfg.data.train_batch_size // a.ppo_mini_batch_size)
+        return max(1, self.total_steps * per_step)
+
+    # ---- the stages of one step ---------------------------------------------------------------------
+    def generate(self, prompts: DataProto) -> DataProto:
+        # One uid per prompt: group estimators (GRPO, RLOO) compare the samples that share it.
+        prompts.non_tensor_batch["uid"] = np.array([f"{self.step}-{i}" for i in range(len(prompts))], dtype=object)
+        prompts.meta_info.update(n=self.cfg.rollout.n, greedy=False)
+        return self.workers.actor_rollout.generate(prompts)
+
+    def score(self, batch: DataProto) -> Dict[str, float]:
+        scores, metrics = self.reward(batch)
+        batch.batch["token_level_scores"] = scores
+        return metrics
+
+    def compute_log_probs(self, batch: DataProto) -> DataProto:
+        batch = batch.union(self.workers.actor_rollout.compute_log_prob(batch))
+        if self.use_ref:
+            batch = batch.union(self.workers.actor_rollout.compute_ref_log_prob(batch))
+        if self.use_critic:
+            batch = batch.union(self.workers.critic.compute_values(batch))
+        return batch
+
+    def compute_advantages(self, batch: DataProto) -> Dict[str, float]:
+        b, metrics = batch.batch, {}
+        if self.kl_ctrl is not None:
+            rewards, kl_metrics = apply_kl_penalty(
+                b["token_level_scores"], b["old_log_probs"], b["ref_log_probs"], b["response_mask"],
+                kl_ctrl=self.kl_ctrl, kind=self.cfg.algorithm.kl_penalty,
+            )
+            self.kl_ctrl.update(float(kl_metrics["kl"]), n_steps=self.cfg.data.train_batch_size)
+            metrics.update({f"actor/reward_{k}": float(v) for k, v in kl_metrics.items()})
+        else:
+            rewards = b["token_level_scores"]
+        b["token_level_rewards"] = rewards
+        b["advantages"], b["returns"] = compute_advantages(
+            self.cfg.algorithm.adv_estimator,
+            rewards,
+            b["response_mask"],
+            config=self.cfg.algorithm,
+            index=batch.non_tensor_batch["uid"],
+            values=b["values"] if "values" in b.keys() else None,
+        )
+        return metrics
+
+    def update(self, batch: DataProto) -> Dict[str, float]:
+        metrics: Dict[str, float] = {}
+        if self.use_critic:
+            metrics.update(_prefixed("critic", _mean_over_ranks(self.workers.critic.update_critic(batch))))
+        metrics.update(_prefixed("actor", _mean_over_ranks(self.workers.actor_rollout.update_actor(batch))))
+        return metrics
+
+    def sync_weights(self) -> Dict[str, float]:
+        per_rank = self.workers.actor_rollout.sync_weights()
+        return {
+            "perf/weight_sync_bytes": sum(r["bytes"] for r in per_rank),
+            "timing/weight_sync_s": max(r["seconds"] for r in per_rank),
+        }
+
+    # ---- one step, validation, checkpoints ----------------------------------------------------------
+    def train_step(self, prompts: DataProto) -> Dict[str, float]:
+        timer = StageTimer()
+        start = time.perf_counter()
+        with timer("gen"):
+            batch = self.generate(prompts)
+        with timer("reward"):
+            metrics = self.score(batch)
+        with timer("log_probs"):
+            batch = self.compute_log_probs(batch)
+        with timer("adv"):
+            metrics.update(self.compute_advantages(batch))
+        with timer("update"):
+            metrics.update(self.update(batch))
+        with timer("sync"):
+            metrics.update(self.sync_weights())
+        step_s = time.perf_counter() - start
+        metrics.update(data_metrics(batch))
+        metrics.update(timer.metrics())
+        metrics.update({"timing/step_s": step_s, "perf/tokens_per_s": tokens_in(batch) / step_s})
+        return metrics
+
+    def validate(self) -> Dict[str, float]:
+        """Greedy decoding on the held-out set; val/accuracy is the fraction of samples scored > 0."""
+        if self.val_loader is None:
+            return {}
+        scores: List[torch.Tensor] = []
+        for prompts in self.val_loader:
+            prompts, pad = pad_to_multiple(prompts, self.dp)
+            prompts.meta_info.update(n=1, greedy=True)
+            out = self.workers.actor_rollout.generate(prompts)
+            if pad:
+                out = out[list(range(len(out) - pad))]
+            seq_scores, _ = self.reward(out)
+            scores.append(seq_scores.sum(-1))
+        s = torch.cat(scores)
+        metrics = {"val/accuracy": float((s > 0).float().mean()), "val/score/mean": float(s.mean()), "val/n": float(len(s))}
+        self.val_history.append({"step": self.step, **metrics})
+        return metrics
+
+    def save_checkpoint(self) -> str:
+        def write(path: str) -> None:
+            self.workers.actor_rollout.save_checkpoint(path)
+            if self.workers.critic is not None:
+                self.workers.critic.save_checkpoint(path)
+
+        state = {
+            "step": self.step,
+            "data": self.train_loader.state_dict(),
+            "kl_coef": self.kl_ctrl.value if self.kl_ctrl is not None else None,
+            "rng": get_rng_state(),
+            "val_history": self.val_history,
+        }
+        return self.checkpoints.save(self.step, write, state)
+
+    def maybe_resume(self) -> None:
+        mode = self.cfg.trainer.resume
+        path = None if mode == "disable" else (self.checkpoints.latest() if mode == "auto" else mode)
+        if path is None:
+            return
+        state = self.checkpoints.load_state(path)
+        self.workers.actor_rollout.load_checkpoint(path)
+        if self.workers.critic is not None:
+            self.workers.critic.load_checkpoint(path)
+        self.step = state["step"]
+        self.train_loader.load_state_dict(state["data"])
+        if self.kl_ctrl is not None and state["kl_coef"] is not None:
+            self.kl_ctrl.value = state["kl_coef"]
+        set_rng_state(state["rng"])
+        self.val_history = state["val_history"]
+        logger.info("resumed from %s at step %d", path, self.step)
+        print(f"verl: resumed from {path} (step {self.step})", flush=True)
+
+    def fit(self) -> Dict[str, Any]:
+        """Train to trainer.total_steps; returns a summary (validation before/after, throughput)."""
+        t = self.cfg.trainer
+        self.maybe_resume()
+        run_start, tokens, step_seconds = time.perf_counter(), 0.0, 0.0
+        if t.val_before_train and self.step == 0:
+            self.tracker.log(self.validate(), step=0)
+        progress = Progress(self.total_steps, initial=self.step)
+        try:
+            while self.step < self.total_steps:
+                prompts = self.train_loader.next_batch()
+                metrics = self.train_step(prompts)
+                self.step += 1
+                tokens += metrics["perf/tokens_per_s"] * metrics["timing/step_s"]
+                step_seconds += metrics["timing/step_s"]
+                last = self.step == self.total_steps
+                if t.val_every and (self.step % t.val_every == 0 or last):
+                    metrics.update(self.validate())
+                if self.step % t.log_every == 0 or last:
+                    self.tracker.log(metrics, step=self.step)
+                progress.update(self.step, metrics)
+                every = self.cfg.checkpoint.save_every
+                if (every and self.step % every == 0) or last:
+                    self.save_checkpoint()
+            if self.cfg.checkpoint.save_hf:
+                self.workers.actor_rollout.export_hf(os.path.join(self.output_dir, "hf"))
+        finally:
+            progress.close()
+            self.tracker.close()
+        return self.summary(time.perf_counter() - run_start, tokens / max(step_seconds, 1e-9))
+
+    def summary(self, seconds: float, tokens_per_s: float) -> Dict[str, Any]:
+        vals = [v["val/accuracy"] for v in self.val_history]
+        return {
+            "steps": self.step,
+            "seconds": seconds,
+            "tokens_per_s": tokens_per_s,
+            "val_accuracy_before": vals[0] if vals else None,
+            "val_accuracy_after": vals[-1] if vals else None,
+        }
+
+    def close(self) -> None:
+        self.workers.shutdown()
+
+
+def _mean_over_ranks(per_rank: Any) -> Dict[str, float]:
+    if isinstance(per_rank, dict):
+        return per_rank
+    keys = per_rank[0].keys()
+    return {k: float(np.mean([r[k] for r in per_rank])) for k in keys}
+
+
+def _prefixed(prefix: str, metrics: Dict[str, float]) -> Dict[str, float]:
+    return {f"{prefix}/{k}": v for k, v in metrics.items()}
+
+
+def format_summary(name: str, s: Dict[str, Any]) -> str:
+    """The one line a run ends with."""
+    before, after = s["val_accuracy_before"], s["val_accuracy_after"]
+    acc = "no validation set"
+    if before is not None:
+        acc = f"held-out greedy accuracy {100 * before:.1f}% -> {100 * after:.1f}% ({100 * (after - before):+.1f} pts)"
+    return f"verl {name}: {acc}; {s['steps']} steps in {s['seconds']:.0f} s; {s['tokens_per_s']:.0f} tokens/s"

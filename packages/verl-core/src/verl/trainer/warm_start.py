@@ -1,0 +1,46 @@
+"""The model a run starts from: model.path, materialised if embedded, then SFT-warm-started if asked.
+
+A warm start is cached by its settings (base model, data, steps, optimiser), so a second run skips it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from verl.embedded.cache import cache_root, cached_dir, settings_hash
+from verl.embedded.models import resolve_model_path
+from verl.trainer.sft import SFTConfig, run_sft
+
+
+def prepare_model(cfg: Any) -> str:
+    """A Hugging Face folder to start the run from."""
+    base = resolve_model_path(cfg.model.path)
+    ws = cfg.model.warm_start
+    if ws is None:
+        return base
+    settings = {"base": os.path.abspath(base), **OmegaConf.to_container(ws, resolve=True)}
+    final = cache_root() / "warm-start" / f"{Path(base).name}-sft-{settings_hash(settings)}"
+
+    def write(folder: Path) -> None:
+        print(f"verl: SFT warm start of {cfg.model.path} ({ws.steps} steps) -> {final}", flush=True)
+        run_sft(
+            SFTConfig(
+                model_path=base,
+                files=list(ws.files),
+                output_dir=str(folder),
+                steps=ws.steps,
+                batch_size=ws.batch_size,
+                max_length=ws.max_length,
+                backend=cfg.actor.backend,
+                device=cfg.placement.device,
+                controller=cfg.trainer.controller,
+                seed=cfg.trainer.seed,
+                optim=OmegaConf.to_object(ws.optim),
+            )
+        )
+
+    return str(cached_dir(final, write))

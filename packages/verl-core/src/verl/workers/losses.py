@@ -1,0 +1,67 @@
+"""The losses the actor and critic minimise, assembled from the algorithm registries in `verl.algos`."""
+
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+import torch
+
+from verl.algos import agg_loss, compute_policy_loss, compute_value_loss, kl_penalty
+from verl.engine import LossFn
+from verl.protocol import DataProto
+
+
+def _num(v) -> float:
+    return float(v.detach()) if isinstance(v, torch.Tensor) else float(v)
+
+
+def actor_loss_fn(actor_cfg) -> LossFn:
+    """policy loss - entropy_coeff * entropy + kl_loss_coef * KL(actor || reference) on response tokens."""
+
+    def loss_fn(out: Dict[str, torch.Tensor], mb: DataProto) -> Tuple[torch.Tensor, Dict[str, float]]:
+        b = mb.batch
+        mask = b["response_mask"].to(out["log_probs"].device)
+        log_prob = out["log_probs"]
+        rollout_lp = b["rollout_log_probs"] if "rollout_log_probs" in b.keys() else None
+        pg_loss, pg_metrics = compute_policy_loss(
+            actor_cfg.policy_loss,
+            b["old_log_probs"],
+            log_prob,
+            b["advantages"],
+            mask,
+            loss_agg_mode=actor_cfg.loss_agg_mode,
+            config=actor_cfg,
+            rollout_log_probs=rollout_lp,
+        )
+        loss = pg_loss
+        metrics = {"pg_loss": _num(pg_loss), **{k: _num(v) for k, v in pg_metrics.items()}}
+        if "entropy" in out:
+            entropy = agg_loss(out["entropy"], mask, actor_cfg.loss_agg_mode)
+            metrics["entropy"] = _num(entropy)
+            if actor_cfg.entropy_coeff:
+                loss = loss - actor_cfg.entropy_coeff * entropy
+        if actor_cfg.use_kl_loss:
+            kl = agg_loss(kl_penalty(log_prob, b["ref_log_probs"], actor_cfg.kl_loss_type), mask, actor_cfg.loss_agg_mode)
+            loss = loss + actor_cfg.kl_loss_coef * kl
+            metrics["kl_loss"] = _num(kl)
+        return loss, metrics
+
+    return loss_fn
+
+
+def critic_loss_fn(critic_cfg) -> LossFn:
+    """Clipped value loss against the returns."""
+
+    def loss_fn(out: Dict[str, torch.Tensor], mb: DataProto) -> Tuple[torch.Tensor, Dict[str, float]]:
+        b = mb.batch
+        loss, metrics = compute_value_loss(
+            out["values"],
+            b["returns"],
+            b["values"],
+            b["response_mask"],
+            cliprange_value=critic_cfg.cliprange_value,
+            loss_agg_mode=critic_cfg.loss_agg_mode,
+        )
+        return loss, {"vf_loss": _num(loss), **{k: _num(v) for k, v in metrics.items()}}
+
+    return loss_fn

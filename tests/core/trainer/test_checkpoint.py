@@ -1,0 +1,82 @@
+"""CheckpointManager: complete-or-absent folders, keep-last pruning, crash safety."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from verl.trainer.checkpoint import COMPLETE, CheckpointManager
+
+
+def _writer(content: str):
+    def write(path: str) -> None:
+        with open(os.path.join(path, "weights.txt"), "w") as f:
+            f.write(content)
+
+    return write
+
+
+def _read(path: str) -> str:
+    with open(os.path.join(path, "weights.txt")) as f:
+        return f.read()
+
+
+def test_save_latest_and_state(tmp_path):
+    m = CheckpointManager(str(tmp_path), keep_last=2)
+    assert m.latest() is None
+    m.save(3, _writer("three"), {"step": 3})
+    path = m.latest()
+    assert path == str(tmp_path / "step_3")
+    assert _read(path) == "three"
+    assert m.load_state(path) == {"step": 3}
+
+
+def test_keep_last_prunes_oldest(tmp_path):
+    m = CheckpointManager(str(tmp_path), keep_last=2)
+    for step in (1, 2, 3, 4):
+        m.save(step, _writer(str(step)), {"step": step})
+    assert m.steps() == [3, 4]
+    assert sorted(os.listdir(tmp_path)) == ["step_3", "step_4"]
+
+
+def test_crash_mid_save_keeps_previous_checkpoint(tmp_path):
+    m = CheckpointManager(str(tmp_path), keep_last=2)
+    m.save(1, _writer("one"), {"step": 1})
+
+    def crash(path: str) -> None:
+        with open(os.path.join(path, "weights.txt"), "w") as f:
+            f.write("half")
+        raise KeyboardInterrupt("killed mid-save")
+
+    with pytest.raises(KeyboardInterrupt):
+        m.save(2, crash, {"step": 2})
+    # The half-written step 2 is invisible; step 1 is still the latest and intact.
+    assert m.steps() == [1]
+    assert _read(m.latest()) == "one"
+    # The next save removes the stale temporary folder.
+    m.save(3, _writer("three"), {"step": 3})
+    assert sorted(os.listdir(tmp_path)) == ["step_1", "step_3"]
+
+
+def test_folder_without_marker_is_not_a_checkpoint(tmp_path):
+    m = CheckpointManager(str(tmp_path), keep_last=2)
+    m.save(1, _writer("one"), {"step": 1})
+    os.makedirs(tmp_path / "step_9")  # e.g. copied by hand, incomplete
+    assert m.steps() == [1]
+    with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
+        m.load_state(str(tmp_path / "step_9"))
+    assert os.path.exists(tmp_path / "step_1" / COMPLETE)
+
+
+def test_resaving_a_step_replaces_it(tmp_path):
+    m = CheckpointManager(str(tmp_path), keep_last=3)
+    m.save(2, _writer("old"), {"step": 2})
+    m.save(2, _writer("new"), {"step": 2})
+    assert m.steps() == [2]
+    assert _read(m.latest()) == "new"
+
+
+def test_keep_last_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match="keep_last"):
+        CheckpointManager(str(tmp_path), keep_last=0)

@@ -1,0 +1,72 @@
+"""Fixtures for engine tests: a small random Llama folder and a one-process gloo group."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_llama_dir(path: str, *, vocab: int = 40, seed: int = 0) -> str:
+    """A random 2-layer GQA Llama saved as a Hugging Face folder (no tokenizer)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    torch.manual_seed(seed)
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def gloo_world_one():
+    """torch.distributed with world size 1 in this process, as a worker has it."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory) -> str:
+    return make_llama_dir(str(tmp_path_factory.mktemp("llama")))
+
+
+def random_batch(b: int, p: int, r: int, vocab: int = 40, seed: int = 0, left_pad: int = 0):
+    """Engine-layout rows: prompt (with `left_pad` padding tokens on row 0) + full-length responses."""
+    from verl.protocol import DataProto
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (b, p + r), generator=g)
+    mask = torch.ones(b, p + r, dtype=torch.long)
+    mask[0, :left_pad] = 0
+    ids[0, :left_pad] = 0
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return DataProto.from_dict(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": pos,
+            "responses": ids[:, p:],
+            "response_mask": torch.ones(b, r, dtype=torch.long),
+        }
+    )
