@@ -1,7 +1,8 @@
-"""Shared test fixtures: configs built on the schema without a recipe file."""
+"""Shared test fixtures: configs built on the schema without a recipe file, and the embedded tiny model."""
 
 from __future__ import annotations
 
+import pytest
 from omegaconf import DictConfig, OmegaConf
 
 from verl.config.schema import VerlConfig
@@ -18,3 +19,30 @@ MINIMAL = {
 def make_cfg(*updates: dict) -> DictConfig:
     """The minimal config with `updates` merged on top, in order."""
     return OmegaConf.merge(OmegaConf.structured(VerlConfig), MINIMAL, *updates)
+
+
+# ---------------------------------------------------------------- embedded model and data
+# Pytest fixtures; a test directory uses them by importing them into its conftest.py. Heavy imports
+# (torch, transformers) stay inside the fixtures so config-only tests do not pay for them.
+
+
+@pytest.fixture(scope="session")
+def char_tokenizer():
+    """The embedded character tokenizer (left padding, chat template without role markup)."""
+    from verl.embedded.tokenizer import build_char_tokenizer
+
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def embedded_cache(tmp_path_factory):
+    """A cache folder for embedded assets shared by the session's tests (never the user's ~/.cache)."""
+    return str(tmp_path_factory.mktemp("verl-cache"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(embedded_cache):
+    """The Hugging Face folder of embedded:tiny-llama, built once per test session."""
+    from verl.embedded.models import materialize_embedded_model
+
+    return materialize_embedded_model("tiny-llama", embedded_cache)

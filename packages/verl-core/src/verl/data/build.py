@@ -1,0 +1,56 @@
+"""The train and val loaders of an RL run, from the `data` section of its config."""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+from verl.config.instantiate import instantiate
+from verl.data.loader import DataLoader
+from verl.data.rl_dataset import RLDataset, collate_rl
+from verl.data.sampler import ResumableSampler
+
+
+def make_rl_dataset(
+    data: Any,
+    files: list[str],
+    tokenizer: Any,
+    cache_dir: str | os.PathLike | None = None,
+) -> Any:
+    """RLDataset over `files`, or the class `data.dataset` names (called with the same arguments)."""
+    kwargs = {
+        "prompt_key": data.prompt_key,
+        "max_prompt_length": data.max_prompt_length,
+        "filter_overlong_prompts": data.filter_overlong_prompts,
+        "cache_dir": cache_dir,
+    }
+    if getattr(data, "dataset", None):
+        return instantiate(data.dataset, list(files), tokenizer, key="data.dataset", **kwargs)
+    return RLDataset(list(files), tokenizer, **kwargs)
+
+
+def make_rl_dataloaders(
+    data: Any, tokenizer: Any, *, seed: int, cache_dir: str | os.PathLike | None = None
+) -> tuple[DataLoader, DataLoader | None]:
+    """(train loader, val loader or None when data.val_files is empty).
+
+    Train batches have data.train_batch_size prompts (a last partial batch is dropped, so every step sees
+    the same number); val batches have data.val_batch_size prompts, or the whole val set when it is None,
+    in file order with the last partial batch kept.
+    """
+    collate = functools.partial(collate_rl, tokenizer=tokenizer, max_prompt_length=data.max_prompt_length)
+    train = make_rl_dataset(data, data.train_files, tokenizer, cache_dir)
+    train_sampler = ResumableSampler(len(train), batch_size=data.train_batch_size, shuffle=data.shuffle, seed=seed)
+    train_loader = DataLoader(train, train_sampler, collate)
+    if not data.val_files:
+        return train_loader, None
+    val = make_rl_dataset(data, data.val_files, tokenizer, cache_dir)
+    val_sampler = ResumableSampler(
+        len(val),
+        batch_size=data.val_batch_size or len(val),
+        shuffle=False,
+        seed=seed,
+        drop_last=False,
+    )
+    return train_loader, DataLoader(val, val_sampler, collate)

@@ -1,0 +1,162 @@
+"""The RL prompt data set: parquet files in verl's RL format, tokenised once with the chat template.
+
+Expected columns: data_source (str), prompt (chat messages), reward_model ({"ground_truth": ...}, usually
+{"style": "rule", ...}) and optionally extra_info (dict); other columns such as ability are ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+from collections.abc import Sequence
+
+import torch
+
+from verl.data.rows import MESSAGES_FORMAT, check_messages, read_columns, render_prompts
+from verl.embedded.arithmetic import resolve_data_files
+from verl.protocol import DataProto
+
+logger = logging.getLogger(__name__)
+
+REQUIRED_COLUMNS = {
+    "data_source": "a str naming the task (it selects the reward function)",
+    "reward_model": "a dict like {'style': 'rule', 'ground_truth': '19'}",
+}
+RL_FORMAT = "verl's RL format (columns data_source, prompt, ability, reward_model, extra_info)"
+
+
+class RLDataset:
+    """Prompts ready for rollout; prompts over `max_prompt_length` tokens are dropped and counted.
+
+    Files may be parquet paths or "embedded:NAME" data sets (see `verl.embedded.arithmetic`). With
+    `filter_overlong_prompts=False` an overlong prompt is an error instead. `n_filtered` counts the
+    dropped prompts over all files.
+    """
+
+    def __init__(
+        self,
+        files: Sequence[str],
+        tokenizer: Any,
+        *,
+        prompt_key: str = "prompt",
+        max_prompt_length: int,
+        filter_overlong_prompts: bool = True,
+        cache_dir: str | os.PathLike | None = None,
+    ) -> None:
+        if max_prompt_length < 1:
+            raise ValueError(f"max_prompt_length must be >= 1, got {max_prompt_length}")
+        self.max_prompt_length = max_prompt_length
+        self.files = resolve_data_files(files, cache_dir)
+        if not self.files:
+            raise ValueError("RLDataset needs at least one data file; got an empty list")
+        self.prompt_ids: list[list[int]] = []
+        self.raw_prompts: list[str] = []
+        self.ground_truths: list[Any] = []
+        self.data_sources: list[str] = []
+        self.extra_infos: list[dict[str, Any]] = []
+        self.n_filtered = 0
+        for path in self.files:
+            self._load(path, tokenizer, prompt_key, filter_overlong_prompts)
+        if not self.prompt_ids:
+            raise ValueError(
+                f"no prompts left in {self.files}: all are longer than max_prompt_length={max_prompt_length} tokens"
+            )
+
+    def _load(self, path: str, tokenizer: Any, prompt_key: str, filter_overlong: bool) -> None:
+        required = {prompt_key: f"{MESSAGES_FORMAT} in {RL_FORMAT}", **REQUIRED_COLUMNS}
+        columns = read_columns(path, required, optional=("extra_info",))
+        n_rows = len(columns[prompt_key])
+        conversations = [check_messages(v, path, i, prompt_key) for i, v in enumerate(columns[prompt_key])]
+        texts = render_prompts(tokenizer, conversations)
+        ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+        extra_infos = columns.get("extra_info") or [None] * n_rows
+        n_dropped = 0
+        for i in range(n_rows):
+            ground_truth = _ground_truth(columns["reward_model"][i], path, i)
+            data_source = columns["data_source"][i]
+            if not isinstance(data_source, str):
+                raise ValueError(f"{path}: row {i}: column 'data_source' must be a str, got {data_source!r}")
+            if len(ids[i]) == 0:
+                raise ValueError(f"{path}: row {i}: the prompt renders to no tokens: {texts[i]!r}")
+            if len(ids[i]) > self.max_prompt_length:
+                if not filter_overlong:
+                    raise ValueError(
+                        f"{path}: row {i}: prompt has {len(ids[i])} tokens, more than "
+                        f"max_prompt_length={self.max_prompt_length}; raise data.max_prompt_length or set "
+                        "data.filter_overlong_prompts=true to drop such prompts"
+                    )
+                n_dropped += 1
+                continue
+            self.prompt_ids.append(ids[i])
+            self.raw_prompts.append(texts[i])
+            self.ground_truths.append(ground_truth)
+            self.data_sources.append(data_source)
+            self.extra_infos.append(dict(extra_infos[i] or {}))
+        self.n_filtered += n_dropped
+        if n_dropped:
+            logger.warning(
+                "%s: dropped %d of %d prompts longer than max_prompt_length=%d tokens",
+                path,
+                n_dropped,
+                n_rows,
+                self.max_prompt_length,
+            )
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        """One prompt; `index` is its position in this data set (extra_info keeps the file's own index)."""
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"index {index} out of range for an RLDataset of {len(self)} prompts")
+        index = index % len(self)
+        return {
+            "input_ids": torch.tensor(self.prompt_ids[index], dtype=torch.long),
+            "raw_prompt": self.raw_prompts[index],
+            "ground_truth": self.ground_truths[index],
+            "data_source": self.data_sources[index],
+            "extra_info": self.extra_infos[index],
+            "index": index,
+        }
+
+
+def _ground_truth(reward_model: Any, path: str, row: int) -> Any:
+    if not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
+        raise ValueError(
+            f"{path}: row {row}: column 'reward_model' must be {REQUIRED_COLUMNS['reward_model']}, got {reward_model!r}"
+        )
+    return reward_model["ground_truth"]
+
+
+def collate_rl(items: Sequence[dict[str, Any]], tokenizer: Any, max_prompt_length: int) -> DataProto:
+    """Left-pad prompts to the longest in the batch (not to max_prompt_length: shorter batches, same results).
+
+    Tensors: input_ids, attention_mask, position_ids [B, P] (positions count real tokens only, so a prompt's
+    first real token has position 0 whatever its padding). Non-tensors: raw_prompt, ground_truth,
+    data_source, extra_info, index (object arrays).
+    """
+    if not items:
+        raise ValueError("collate_rl needs at least one item")
+    pad_id = tokenizer.pad_token_id
+    if pad_id is None:
+        raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
+    lengths = [len(item["input_ids"]) for item in items]
+    width = max(lengths)
+    if width > max_prompt_length:
+        raise ValueError(f"a prompt has {width} tokens, more than max_prompt_length={max_prompt_length}")
+    input_ids = torch.full((len(items), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(items), width), dtype=torch.long)
+    for row, (item, length) in enumerate(zip(items, lengths)):
+        input_ids[row, width - length :] = item["input_ids"]
+        attention_mask[row, width - length :] = 1
+    position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
+    keys = ("raw_prompt", "ground_truth", "data_source", "extra_info", "index")
+    return DataProto.from_dict(
+        tensors={
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+        },
+        non_tensors={key: [item[key] for item in items] for key in keys},  # lists become object arrays
+    )

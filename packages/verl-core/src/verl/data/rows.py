@@ -1,0 +1,54 @@
+"""Reading parquet data files and checking their rows, with errors that name the file, row and column."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from collections.abc import Mapping
+
+import pyarrow.parquet as pq
+
+from verl.embedded.arithmetic import EMBEDDED_DATASETS
+from verl.embedded.cache import PREFIX
+
+MESSAGES_FORMAT = "a non-empty list of chat messages like [{'role': 'user', 'content': '12+7='}]"
+
+
+def read_columns(path: str, required: Mapping[str, str], optional: tuple[str, ...] = ()) -> dict[str, list[Any]]:
+    """Column name -> values (plain Python objects) of `path`; `required` maps a column to its expected format."""
+    if not os.path.isfile(path):
+        embedded = ", ".join(PREFIX + name for name in sorted(EMBEDDED_DATASETS))
+        raise FileNotFoundError(f"data file {path!r} does not exist; data files are parquet paths or one of {embedded}")
+    columns = pq.read_schema(path).names
+    for name, expected in required.items():
+        if name not in columns:
+            raise ValueError(f"{path}: missing column {name!r}, expected {expected}; the file has columns {columns}")
+    wanted = list(required) + [c for c in optional if c in columns and c not in required]
+    table = pq.read_table(path, columns=wanted)
+    return {name: table.column(name).to_pylist() for name in wanted}
+
+
+def check_messages(value: Any, path: str, row: int, column: str) -> list[dict[str, str]]:
+    """`value` as a list of {role, content} messages, or an error naming the file, row and column."""
+    ok = (
+        isinstance(value, (list, tuple))
+        and len(value) > 0
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value
+        )
+    )
+    if not ok:
+        raise ValueError(f"{path}: row {row}: column {column!r} must be {MESSAGES_FORMAT}, got {_short(value)}")
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def render_prompts(tokenizer: Any, conversations: list[list[dict[str, str]]]) -> list[str]:
+    """The prompt text of each conversation: the tokenizer's chat template with the generation prompt."""
+    if not conversations:
+        return []
+    return tokenizer.apply_chat_template(conversations, add_generation_prompt=True, tokenize=False)
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

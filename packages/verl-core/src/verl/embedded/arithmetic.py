@@ -1,0 +1,180 @@
+"""The embedded arithmetic task ("12+7=" -> "19") as parquet files in verl's RL and SFT formats.
+
+RL rows have verl's public columns: data_source, prompt (chat messages), ability, reward_model
+({"style": "rule", "ground_truth": ...}) and extra_info. SFT rows have prompt and response. Whether an
+operand pair belongs to the train or the val split depends only on a hash of the pair, so the splits are
+disjoint and stable whatever the number of rows asked for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from verl.embedded.cache import (
+    cache_root,
+    cached_file,
+    embedded_name,
+    is_embedded,
+    settings_hash,
+)
+
+DATA_SOURCE = "embedded/arithmetic"
+FORMAT_VERSION = 1  # bump when the rows change, so old cache entries are not reused
+VAL_PERCENT = 10  # share of operand pairs held out for validation
+SPLITS = ("train", "val")
+OPS: dict[str, Callable[[int, int], int]] = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+}
+
+
+def pair_split(a: int, b: int, op: str) -> str:
+    """ "train" or "val" for one problem, from a hash of the problem (not of its position)."""
+    digest = hashlib.sha256(f"{a}{op}{b}".encode()).digest()
+    return "val" if int.from_bytes(digest[:8], "big") % 100 < VAL_PERCENT else "train"
+
+
+def split_problems(split: str, max_operand: int, ops: Sequence[str]) -> list[tuple[int, int, str]]:
+    """Every (a, b, op) with operands in 0..max_operand that belongs to `split`."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    unknown = [op for op in ops if op not in OPS]
+    if unknown:
+        raise ValueError(f"ops: unknown operators {unknown}; known: {list(OPS)}")
+    if max_operand < 0:
+        raise ValueError(f"max_operand must be >= 0, got {max_operand}")
+    problems = [
+        (a, b, op)
+        for op in ops
+        for a in range(max_operand + 1)
+        for b in range(max_operand + 1)
+        if pair_split(a, b, op) == split
+    ]
+    if not problems:
+        raise ValueError(f"no {split!r} problems with max_operand={max_operand} and ops={list(ops)}; raise max_operand")
+    return problems
+
+
+def make_arithmetic_rows(
+    n: int, *, seed: int, split: str, max_operand: int = 49, ops: Sequence[str] = ("+",)
+) -> list[dict[str, Any]]:
+    """`n` RL rows of `split`: every problem once in a seeded order, then again in a new order, and so on."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    problems = split_problems(split, max_operand, ops)
+    rng = np.random.default_rng(seed)
+    rounds = -(-n // len(problems))  # ceil: how many passes over the problems fill n rows
+    order = np.concatenate([rng.permutation(len(problems)) for _ in range(rounds)] or [np.zeros(0, int)])[:n]
+    rows = []
+    for i, k in enumerate(order.tolist()):
+        a, b, op = problems[k]
+        rows.append(
+            {
+                "data_source": DATA_SOURCE,
+                "prompt": [{"role": "user", "content": f"{a}{op}{b}="}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": str(OPS[op](a, b))},
+                "extra_info": {"split": split, "index": i, "a": a, "b": b, "op": op},
+            }
+        )
+    return rows
+
+
+def make_sft_rows(
+    n: int,
+    *,
+    seed: int,
+    split: str = "train",
+    max_operand: int = 49,
+    ops: Sequence[str] = ("+",),
+) -> list[dict[str, Any]]:
+    """`n` SFT rows (prompt messages and the answer as response) for a warm start before RL."""
+    rows = make_arithmetic_rows(n, seed=seed, split=split, max_operand=max_operand, ops=ops)
+    return [
+        {
+            "prompt": r["prompt"],
+            "response": r["reward_model"]["ground_truth"],
+            "extra_info": r["extra_info"],
+        }
+        for r in rows
+    ]
+
+
+@dataclass(frozen=True)
+class ArithmeticFile:
+    """One cached parquet file of the task: which rows, how many, in which format."""
+
+    split: str
+    n: int
+    seed: int
+    kind: str = "rl"  # rl | sft
+    max_operand: int = 49
+    ops: tuple[str, ...] = ("+",)
+
+    def rows(self) -> list[dict[str, Any]]:
+        make = {"rl": make_arithmetic_rows, "sft": make_sft_rows}[self.kind]
+        return make(
+            self.n,
+            seed=self.seed,
+            split=self.split,
+            max_operand=self.max_operand,
+            ops=self.ops,
+        )
+
+    def path(self, cache_dir: str | os.PathLike | None) -> Path:
+        key = {"format": FORMAT_VERSION, **asdict(self)}
+        return cache_root(cache_dir) / "data" / f"arithmetic-{self.kind}-{self.split}-{settings_hash(key)}.parquet"
+
+    def materialize(self, cache_dir: str | os.PathLike | None = None) -> str:
+        """The file's path, written on first use."""
+        return str(
+            cached_file(
+                self.path(cache_dir),
+                lambda tmp: pq.write_table(pa.Table.from_pylist(self.rows()), tmp),
+            )
+        )
+
+
+# What "embedded:NAME" means in data.train_files / data.val_files (and in an SFT warm start's files).
+EMBEDDED_DATASETS: dict[str, ArithmeticFile] = {
+    "arithmetic": ArithmeticFile(split="train", n=20000, seed=0),
+    "arithmetic-val": ArithmeticFile(split="val", n=200, seed=0),
+    "arithmetic-sft": ArithmeticFile(split="train", n=20000, seed=1, kind="sft"),
+}
+
+
+def write_arithmetic_parquet(
+    cache_dir: str | os.PathLike | None,
+    n_train: int,
+    n_val: int,
+    seed: int,
+    *,
+    max_operand: int = 49,
+) -> tuple[str, str]:
+    """(train_path, val_path) of RL parquet files with these settings, cached under `cache_dir`."""
+    train = ArithmeticFile(split="train", n=n_train, seed=seed, max_operand=max_operand)
+    val = ArithmeticFile(split="val", n=n_val, seed=seed, max_operand=max_operand)
+    return train.materialize(cache_dir), val.materialize(cache_dir)
+
+
+def resolve_data_files(files: Sequence[str], cache_dir: str | os.PathLike | None = None) -> list[str]:
+    """Paths for data files: "embedded:NAME" becomes its cached parquet file; other paths pass through."""
+    if isinstance(files, str):
+        raise TypeError(f"files must be a list of paths, got the string {files!r}; write [{files!r}]")
+    return [
+        EMBEDDED_DATASETS[embedded_name(f, EMBEDDED_DATASETS, "data set")].materialize(cache_dir)
+        if is_embedded(f)
+        else f
+        for f in files
+    ]

@@ -1,0 +1,145 @@
+"""Embedded models: small Llama-style models built locally from a seed, written as Hugging Face folders.
+
+`model.path: embedded:tiny-llama` in a recipe resolves, through `resolve_model_path`, to a folder in the
+cache (see `verl.embedded.cache`) that `AutoModelForCausalLM` / `AutoTokenizer.from_pretrained` load like
+any other. The weights are random (a fixed seed), so a run needs a short SFT warm start before RL learns.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from collections.abc import Mapping
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    GenerationConfig,
+    LlamaConfig,
+    PreTrainedModel,
+    PretrainedConfig,
+)
+
+from verl.embedded.cache import (
+    cache_root,
+    cached_dir,
+    embedded_name,
+    is_embedded,
+    settings_hash,
+)
+from verl.embedded.tokenizer import (
+    CHARACTERS,
+    CHAT_TEMPLATE,
+    SPECIAL_TOKENS,
+    build_char_tokenizer,
+)
+
+logger = logging.getLogger(__name__)
+
+# Bump when the folder layout or build procedure changes, so old cache entries are not reused.
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class EmbeddedModelSpec:
+    """How to build one embedded model: its config class, architecture settings and init seed."""
+
+    config_class: type[PretrainedConfig]
+    settings: Mapping[str, Any] = field(default_factory=dict)  # config kwargs besides vocab and special ids
+    seed: int = 0
+
+    def cache_key(self) -> dict[str, Any]:
+        """Everything that shapes the built folder; its hash names the cache entry."""
+        return {
+            "format": FORMAT_VERSION,
+            "model_type": self.config_class.model_type,
+            "settings": dict(self.settings),
+            "seed": self.seed,
+            "tokenizer": {
+                "special": list(SPECIAL_TOKENS),
+                "chars": CHARACTERS,
+                "template": CHAT_TEMPLATE,
+            },
+        }
+
+
+EMBEDDED_MODELS: dict[str, EmbeddedModelSpec] = {
+    # ~0.8M parameters: learns 2-digit addition with a short SFT warm start plus GRPO in minutes on one core.
+    "tiny-llama": EmbeddedModelSpec(
+        config_class=LlamaConfig,
+        settings={
+            "hidden_size": 128,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 384,
+            "max_position_embeddings": 64,
+            "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": False,
+        },
+        seed=0,
+    ),
+}
+
+
+def parse_embedded(path: str) -> str:
+    """The model NAME in "embedded:NAME"; an unknown name raises an error listing the known ones."""
+    return embedded_name(path, EMBEDDED_MODELS, "model")
+
+
+def num_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def build_embedded_model(name: str) -> tuple[PreTrainedModel, Any]:
+    """(model, tokenizer) for an embedded model, built in memory in float32 from the spec's seed."""
+    spec = EMBEDDED_MODELS[parse_embedded(name)]
+    tokenizer = build_char_tokenizer(model_max_length=spec.settings.get("max_position_embeddings"))
+    config = spec.config_class(
+        **spec.settings,
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):  # seed the init without disturbing the caller's RNG
+        torch.manual_seed(spec.seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return model, tokenizer
+
+
+def materialize_embedded_model(name: str, cache_dir: str | os.PathLike | None = None) -> str:
+    """The cached Hugging Face folder of an embedded model ("tiny-llama" or "embedded:tiny-llama").
+
+    Built once per setting hash (config, safetensors weights, tokenizer, generation config) and reused
+    afterwards; see `verl.embedded.cache.cache_root` for where the cache lives.
+    """
+    name = parse_embedded(name)
+    spec = EMBEDDED_MODELS[name]
+    final = cache_root(cache_dir) / f"{name}-{settings_hash(spec.cache_key())}"
+
+    def write(folder: Path) -> None:
+        model, tokenizer = build_embedded_model(name)
+        model.save_pretrained(folder, safe_serialization=True)
+        tokenizer.save_pretrained(folder)
+        logger.info(
+            "built embedded model %s: %d parameters, in %s",
+            name,
+            num_parameters(model),
+            final,
+        )
+
+    return str(cached_dir(final, write))
+
+
+def resolve_model_path(path: str, cache_dir: str | os.PathLike | None = None) -> str:
+    """A loadable folder for `model.path`: embedded models are materialised, other paths pass through."""
+    return materialize_embedded_model(path, cache_dir) if is_embedded(path) else path

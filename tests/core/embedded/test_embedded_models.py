@@ -1,0 +1,138 @@
+"""Embedded models: built once into the cache, loadable with Auto classes, deterministic, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from verl.embedded import models
+from verl.embedded.cache import cache_root, cached_dir
+from verl.embedded.models import (
+    EmbeddedModelSpec,
+    build_embedded_model,
+    materialize_embedded_model,
+    num_parameters,
+    parse_embedded,
+    resolve_model_path,
+)
+
+# tiny-llama, worked out by hand (V = 83 tokens, d = 128, 4 layers, 4 query heads and 2 kv heads of 32):
+#   embeddings 83*128 = 10624, lm_head (untied) 10624
+#   per layer: q 128*128 + k 128*64 + v 128*64 + o 128*128 = 49152; mlp 3*128*384 = 147456; 2 norms 256
+#              = 196864; 4 layers = 787456
+#   final norm 128                                   total 10624*2 + 787456 + 128 = 808832
+TINY_LLAMA_PARAMETERS = 808832
+
+
+def test_folder_contents(tiny_model_dir, embedded_cache):
+    folder = Path(tiny_model_dir)
+    assert folder.parent == cache_root(embedded_cache)
+    assert folder.name.startswith("tiny-llama-")
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ):
+        assert (folder / name).is_file(), name
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "llama"
+    assert (
+        config["vocab_size"],
+        config["bos_token_id"],
+        config["eos_token_id"],
+        config["pad_token_id"],
+    ) == (83, 1, 2, 0)
+    generation = json.loads((folder / "generation_config.json").read_text())
+    assert (generation["eos_token_id"], generation["pad_token_id"]) == (2, 0)
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # no temporary folder left
+
+
+def test_second_call_reuses_the_folder(tiny_model_dir, embedded_cache):
+    before = {p.name: p.stat().st_mtime_ns for p in Path(tiny_model_dir).iterdir()}
+    again = materialize_embedded_model("embedded:tiny-llama", embedded_cache)
+    assert again == tiny_model_dir
+    assert {p.name: p.stat().st_mtime_ns for p in Path(again).iterdir()} == before
+
+
+def test_loads_and_generates(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    assert model.dtype == torch.float32
+    assert num_parameters(model) == TINY_LLAMA_PARAMETERS
+    assert 0.5e6 <= num_parameters(model) <= 3e6
+    batch = tokenizer(["1+1=", "12+7="], padding=True, return_tensors="pt")
+    out = model.generate(**batch, max_new_tokens=4, do_sample=False, min_new_tokens=4)
+    assert out.shape == (2, 5 + 4)
+    assert torch.equal(out[:, :5], batch["input_ids"])
+
+
+def test_saved_weights_are_the_seeded_build(tiny_model_dir):
+    loaded = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    built, _ = build_embedded_model("tiny-llama")
+    assert loaded.keys() == built.state_dict().keys()
+    for name, tensor in built.state_dict().items():
+        assert torch.equal(tensor, loaded[name]), name
+
+
+def test_build_leaves_the_callers_rng_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    build_embedded_model("tiny-llama")
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_names():
+    assert parse_embedded("embedded:tiny-llama") == "tiny-llama"
+    assert parse_embedded("tiny-llama") == "tiny-llama"
+    with pytest.raises(ValueError, match=r"unknown embedded model 'embedded:gpt5'.*embedded:tiny-llama"):
+        parse_embedded("embedded:gpt5")
+    assert resolve_model_path("/models/my-llama") == "/models/my-llama"
+
+
+def test_default_cache_dir_from_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("VERL_CACHE", str(tmp_path / "env-cache"))
+    assert cache_root() == tmp_path / "env-cache" / "embedded"
+    monkeypatch.delenv("VERL_CACHE")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_root() == tmp_path / "home" / ".cache" / "verl" / "embedded"
+
+
+def test_changed_settings_build_a_new_entry(monkeypatch, embedded_cache, tiny_model_dir):
+    spec = models.EMBEDDED_MODELS["tiny-llama"]
+    smaller = EmbeddedModelSpec(spec.config_class, {**spec.settings, "num_hidden_layers": 1}, spec.seed)
+    monkeypatch.setitem(models.EMBEDDED_MODELS, "tiny-llama", smaller)
+    folder = materialize_embedded_model("tiny-llama", embedded_cache)
+    assert folder != tiny_model_dir
+    assert json.loads((Path(folder) / "config.json").read_text())["num_hidden_layers"] == 1
+    monkeypatch.undo()
+    assert materialize_embedded_model("tiny-llama", embedded_cache) == tiny_model_dir
+
+
+def test_failed_build_leaves_nothing(tmp_path):
+    def write(folder: Path) -> None:
+        (folder / "half-written").write_text("x")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        cached_dir(tmp_path / "entry", write)
+    assert os.listdir(tmp_path) == []
+
+
+def test_concurrent_builder_wins_the_rename(tmp_path):
+    final = tmp_path / "entry"
+
+    def write(folder: Path) -> None:
+        (folder / "mine").write_text("late")
+        final.mkdir()  # another process renamed its complete copy into place meanwhile
+        (final / "theirs").write_text("first")
+
+    assert cached_dir(final, write) == final
+    assert os.listdir(final) == ["theirs"]
+    assert os.listdir(tmp_path) == ["entry"]  # our temporary copy is gone
