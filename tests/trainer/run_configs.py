@@ -1,0 +1,28 @@
+"""Small end-to-end configs for trainer tests: the tiny recipes, shrunk to seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from omegaconf import DictConfig
+
+from verl.config.loader import load_config
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+
+
+def tiny_config(recipe: str, out_dir: str, *overrides: str, steps: int = 2) -> DictConfig:
+    """recipes/<recipe>.yaml with a random (un-warm-started) model, 4 prompts a step and no validation."""
+    base: Sequence[str] = (
+        f"trainer.total_steps={steps}",
+        f"trainer.output_dir={out_dir}",
+        "trainer.val_every=0",
+        "trainer.val_before_train=false",
+        "model.warm_start=null",
+        "data.train_batch_size=4",
+        "actor.ppo_mini_batch_size=2",
+        "actor.ppo_micro_batch_size_per_device=4",
+        "tracking.loggers=[jsonl]",
+    )
+    return load_config(RECIPES / f"{recipe}.yaml", [*base, *overrides])
