@@ -1,0 +1,405 @@
+"""Scoring a batch of rollouts: decode each response, score it, and put the score on its last token.
+
+The score of a sample is the reward function's result, the reward model's output, or their sum when
+both are configured. Non-finite scores never reach training: each is counted, reported with its sample,
+and replaced (+inf by the clamp's high bound, -inf and NaN by its low bound, 0.0 without a clamp).
+A clamp then bounds every score.
+
+Metrics (all floats):
+  reward/score/mean|max|min       over the per-sample reward training sees (token scores summed per row,
+                                  so an empty response counts as 0: its score has no token to sit on)
+  reward/accuracy                 the mean of the function's "acc" entry when it returns one, else the
+                                  fraction of samples whose function score is >= 1.0 (full credit: 0/1
+                                  and -1/1 rewards give the plain accuracy, a format bonus does not count)
+  reward/<data_source>/mean       per data source; also .../accuracy when a function is configured
+  reward/extra/<key>              the mean of each other numeric entry of dict results
+  reward/model_score/mean         the reward model's mean output, when there is a model
+  reward/empty_responses          samples with no generated token
+  reward/nonfinite_count          NaN/inf scores replaced in this batch
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from numbers import Real
+from typing import Any
+
+import numpy as np
+import torch
+
+from verl.config.errors import ConfigError, ConfigProblem
+from verl.config.instantiate import instantiate
+from verl.protocol import DataProto
+from verl.reward.functions import RewardFn, _describe, get_reward_fn
+
+__all__ = ["RewardFunctionError", "RewardManager", "make_reward_manager"]
+
+logger = logging.getLogger(__name__)
+
+_SHOWN_CHARS = 300  # of a prompt or response in an error message: the head and the tail
+_MAX_WARNINGS = 3  # non-finite warnings per batch; the rest are only counted
+_OWN_KEYS = {"score", "accuracy", "extra", "model_score", "empty_responses", "nonfinite_count"}
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function failed on one sample; the message names the sample, the cause is chained."""
+
+    def __init__(self, message: str, *, row: int, index: Any, data_source: str):
+        super().__init__(message)
+        self.row, self.index, self.data_source = row, index, data_source
+
+
+@dataclass(frozen=True)
+class _Sample:
+    row: int
+    prompt: str
+    response: str
+    ground_truth: str
+    data_source: str
+    index: Any
+    extra: dict
+
+
+@dataclass(frozen=True)
+class _FnResult:
+    score: float
+    acc: float | None
+    extras: dict[str, float]
+
+
+class RewardManager:
+    """Turns a rollout batch into token-level scores [B, T] and reward metrics."""
+
+    def __init__(
+        self,
+        fn: RewardFn | None,
+        *,
+        tokenizer: Any,
+        clamp: tuple[float, float] | None = None,
+        reward_model: Any = None,
+        num_workers: int = 0,
+    ):
+        if fn is None and reward_model is None:
+            raise ValueError("RewardManager needs a reward function (fn) or a reward_model, got neither")
+        if fn is not None and tokenizer is None:
+            raise ValueError("RewardManager needs a tokenizer to decode responses for the reward function")
+        if reward_model is not None and not callable(getattr(reward_model, "forward", None)):
+            raise TypeError(f"reward_model must have forward(prompt_ids, response_ids), got {type(reward_model)}")
+        self.fn = fn
+        self.tokenizer = tokenizer
+        self.clamp = _check_clamp(clamp)
+        self.reward_model = reward_model
+        self.num_workers = num_workers
+
+    def __call__(self, batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
+        responses = _tensor(batch, "responses")
+        mask = _tensor(batch, "response_mask")
+        if responses.shape != mask.shape or responses.dim() != 2:
+            raise ValueError(
+                f"responses {tuple(responses.shape)} and response_mask {tuple(mask.shape)} must both be [B, T]"
+            )
+        n = responses.shape[0]
+        sources = [str(s) for s in _column(batch, "data_source", ["unknown"] * n)]
+        indices = _dataset_indices(batch, n)
+        scores = torch.zeros(n, dtype=torch.float64)
+        replaced = []  # (row, raw value, what replaced it, origin)
+        metrics: dict[str, float] = {}
+
+        fn_results = None
+        if self.fn is not None:
+            samples = self._samples(batch, responses, mask, sources, indices)
+            fn_results = self._score(samples)
+            fn_scores = [r.score for r in fn_results]
+            scores += self._finite(fn_scores, "reward.fn", replaced)
+        if self.reward_model is not None:
+            model_scores = self._finite(self._model_scores(batch, responses).tolist(), "reward.model", replaced)
+            metrics["reward/model_score/mean"] = _mean(model_scores.tolist())
+            scores += model_scores
+        if self.clamp is not None:
+            scores = scores.clamp(*self.clamp)
+        self._warn_nonfinite(replaced, batch, sources, indices)
+
+        has_token, last = _last_tokens(mask)
+        token_level_scores = torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)
+        rows = torch.nonzero(has_token).flatten()
+        token_level_scores[rows, last[rows]] = scores[rows.cpu()].to(torch.float32).to(responses.device)
+
+        seq_scores = token_level_scores.sum(dim=1).double().cpu()
+        metrics.update(_score_metrics(seq_scores, sources, fn_results))
+        metrics["reward/empty_responses"] = float(n - int(has_token.sum()))
+        metrics["reward/nonfinite_count"] = float(len(replaced))
+        return token_level_scores, metrics
+
+    # ------------------------------------------------------------------ the reward function
+
+    def _samples(
+        self, batch: DataProto, responses: torch.Tensor, mask: torch.Tensor, sources: list[str], indices: list
+    ) -> list[_Sample]:
+        n = responses.shape[0]
+        keep = mask.bool().cpu()
+        texts = self.tokenizer.batch_decode(
+            [row[m].tolist() for row, m in zip(responses.cpu(), keep)], skip_special_tokens=True
+        )
+        prompts = _prompts(batch, self.tokenizer, n)
+        ground_truths = _column(batch, "ground_truth", None)
+        if ground_truths is None:
+            raise KeyError(
+                "the batch has no non-tensor 'ground_truth', which the reward function needs; "
+                f"non-tensor keys are {sorted(batch.non_tensor_batch)} (the dataset must provide it)"
+            )
+        extra_infos = _column(batch, "extra_info", [None] * n)
+        samples = []
+        for i in range(n):
+            extra = dict(extra_infos[i]) if isinstance(extra_infos[i], Mapping) else {}
+            extra.setdefault("data_source", sources[i])
+            truth = "" if ground_truths[i] is None else str(ground_truths[i])
+            samples.append(_Sample(i, prompts[i], texts[i], truth, sources[i], indices[i], extra))
+        return samples
+
+    def _score(self, samples: list[_Sample]) -> list[_FnResult]:
+        if self.num_workers > 1 and len(samples) > 1:
+            # Threads help only when the function waits (a sandbox, an HTTP judge); map keeps row order,
+            # so the first failing row in order is the one reported.
+            with ThreadPoolExecutor(max_workers=self.num_workers, thread_name_prefix="reward") as pool:
+                return list(pool.map(self._score_one, samples))
+        return [self._score_one(s) for s in samples]
+
+    def _score_one(self, sample: _Sample) -> _FnResult:
+        try:
+            return _parse_result(self.fn(sample.prompt, sample.response, sample.ground_truth, sample.extra))
+        except Exception as e:
+            raise RewardFunctionError(
+                _failure_message(self.fn, sample, e), row=sample.row, index=sample.index, data_source=sample.data_source
+            ) from e
+
+    # ------------------------------------------------------------------ the reward model
+
+    def _model_scores(self, batch: DataProto, responses: torch.Tensor) -> torch.Tensor:
+        prompts = _tensor(batch, "prompts")
+        model = self.reward_model
+        with torch.no_grad():
+            # nn.Module.__call__ runs the module's hooks (FSDP gathers its parameters in one).
+            out = model(prompts, responses) if isinstance(model, torch.nn.Module) else model.forward(prompts, responses)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"reward.model forward returned {type(out).__name__}; it must return a Tensor of shape [B]")
+        if out.dim() == 2 and out.shape[1] == 1:
+            out = out[:, 0]
+        if tuple(out.shape) != (responses.shape[0],):
+            raise ValueError(
+                f"reward.model forward returned shape {tuple(out.shape)}; expected [{responses.shape[0]}] "
+                "(one score per sample)"
+            )
+        return out.detach().double().cpu()
+
+    # ------------------------------------------------------------------ non-finite scores
+
+    def _finite(self, values: list[float], origin: str, replaced: list) -> torch.Tensor:
+        low, high = self.clamp if self.clamp is not None else (0.0, 0.0)
+        out = []
+        for row, value in enumerate(values):
+            if math.isfinite(value):
+                out.append(value)
+                continue
+            substitute = high if value == math.inf else low  # NaN is no evidence of a good answer: low
+            replaced.append((row, value, substitute, origin))
+            out.append(substitute)
+        return torch.tensor(out, dtype=torch.float64)
+
+    def _warn_nonfinite(self, replaced: list, batch: DataProto, sources: list[str], indices: list) -> None:
+        for row, value, substitute, origin in replaced[:_MAX_WARNINGS]:
+            logger.warning(
+                "non-finite reward %s from %s on batch row %d (data_source=%r, index=%r) replaced by %s; response: %r",
+                value,
+                origin,
+                row,
+                sources[row],
+                indices[row],
+                substitute,
+                _shorten(self._response_text(batch, row)),
+            )
+        if len(replaced) > _MAX_WARNINGS:
+            logger.warning("%d more non-finite rewards in this batch were replaced", len(replaced) - _MAX_WARNINGS)
+
+    def _response_text(self, batch: DataProto, row: int) -> str:
+        if self.tokenizer is None:
+            return "<no tokenizer>"
+        ids = batch.batch["responses"][row][batch.batch["response_mask"][row].bool()]
+        return self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
+
+
+def make_reward_manager(reward_cfg: Any, tokenizer: Any, reward_fn: Any = None, **kwargs: Any) -> RewardManager:
+    """A RewardManager from the `reward` config section; `reward_fn` (name, mapping or callable) overrides `reward.fn`.
+
+    Extra kwargs (e.g. num_workers) go to RewardManager.
+    """
+    fn_spec = reward_fn if reward_fn is not None else _get(reward_cfg, "fn")
+    fn = get_reward_fn(fn_spec) if fn_spec is not None else None
+    model_spec = _get(reward_cfg, "model")
+    model = instantiate(model_spec, key="reward.model") if model_spec is not None else None
+    if model is not None and not callable(getattr(model, "forward", None)):
+        raise _config_error(
+            "reward.model",
+            f"built a {type(model).__name__}, which has no forward()",
+            "point _target_ at a class with forward(prompt_ids, response_ids) -> Tensor[B]",
+        )
+    if fn is None and model is None:
+        raise _config_error(
+            "reward.fn", "no reward is configured", "set reward.fn (e.g. gsm8k, math_boxed, arithmetic) or reward.model"
+        )
+    try:
+        clamp = _check_clamp(_get(reward_cfg, "clamp"))
+    except ValueError as e:
+        raise _config_error("reward.clamp", str(e), "write it as [low, high] with low <= high") from None
+    return RewardManager(fn, tokenizer=tokenizer, clamp=clamp, reward_model=model, **kwargs)
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _parse_result(result: Any) -> _FnResult:
+    if isinstance(result, Mapping):
+        if "score" not in result:
+            raise TypeError(f"a dict result needs a 'score' entry, got keys {sorted(result)}")
+        extras = {str(k): _number(v) for k, v in result.items() if k not in ("score", "acc") and _is_number(v)}
+        acc = _number(result["acc"]) if "acc" in result else None
+        return _FnResult(_number(result["score"], "score"), acc, extras)
+    return _FnResult(_number(result, "score"), None, {})
+
+
+def _last_tokens(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row has a generated token [B], position of its last one [B], -1 where none).
+
+    For a right-padded prefix mask the position is mask.sum() - 1; taking the last 1 also handles masks
+    with holes (tool output inside a multi-turn response).
+    """
+    has_token = mask.bool().any(dim=1)
+    if mask.shape[1] == 0:
+        return has_token, torch.full_like(has_token, -1, dtype=torch.long)
+    from_end = mask.bool().flip(1).int().argmax(dim=1)  # argmax returns the first maximum
+    return has_token, torch.where(has_token, mask.shape[1] - 1 - from_end, -1)
+
+
+def _is_number(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1 and not value.is_complex()
+    return isinstance(value, (Real, np.integer, np.floating, np.bool_))
+
+
+def _number(value: Any, what: str = "value") -> float:
+    if not _is_number(value):
+        raise TypeError(f"the {what} must be a real number (float, int, bool), got {type(value).__name__} {value!r}")
+    return float(value.item() if isinstance(value, torch.Tensor) else value)
+
+
+def _score_metrics(seq_scores: torch.Tensor, sources: list[str], fn_results: list[_FnResult] | None) -> dict:
+    if len(seq_scores) == 0:
+        return {}
+    metrics = {
+        "reward/score/mean": seq_scores.mean().item(),
+        "reward/score/max": seq_scores.max().item(),
+        "reward/score/min": seq_scores.min().item(),
+    }
+    correct = None
+    if fn_results is not None:
+        correct = [r.acc if r.acc is not None else float(r.score >= 1.0) for r in fn_results]
+        metrics["reward/accuracy"] = _mean(correct)
+        extras = defaultdict(list)
+        for r in fn_results:
+            for k, v in r.extras.items():
+                if math.isfinite(v):
+                    extras[k].append(v)
+        metrics.update({f"reward/extra/{k}": _mean(v) for k, v in extras.items()})
+    rows_by_source = defaultdict(list)
+    for row, source in enumerate(sources):
+        rows_by_source[source].append(row)
+    for source, rows in rows_by_source.items():
+        # A data source called "score" must not overwrite reward/score/mean.
+        prefix = f"reward/data_source/{source}" if source in _OWN_KEYS else f"reward/{source}"
+        metrics[f"{prefix}/mean"] = _mean([seq_scores[r].item() for r in rows])
+        if correct is not None:
+            metrics[f"{prefix}/accuracy"] = _mean([correct[r] for r in rows])
+    return metrics
+
+
+def _failure_message(fn: Any, sample: _Sample, error: Exception) -> str:
+    return (
+        f"reward function {_describe(fn)} raised {type(error).__name__}: {error}\n"
+        f"  on batch row {sample.row} (data_source={sample.data_source!r}, dataset index={sample.index!r})\n"
+        f"  prompt: {_shorten(sample.prompt)!r}\n"
+        f"  response: {_shorten(sample.response)!r}\n"
+        f"  ground_truth: {_shorten(sample.ground_truth)!r}"
+    )
+
+
+def _shorten(text: str, limit: int = _SHOWN_CHARS) -> str:
+    """`text` when short, else its head and tail around a count of what was cut (the answer is at the end)."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]} ...[{len(text) - 2 * half} chars]... {text[-half:]}"
+
+
+def _prompts(batch: DataProto, tokenizer: Any, n: int) -> list[str]:
+    """raw_prompt strings when the batch has them, else the decoded `prompts` tensor, else ""."""
+    raw = _column(batch, "raw_prompt", None)
+    decoded = None
+    if (raw is None or not all(isinstance(p, str) for p in raw)) and "prompts" in batch.tensor_keys:
+        decoded = tokenizer.batch_decode(batch.batch["prompts"].tolist(), skip_special_tokens=True)
+    if raw is None:
+        return decoded if decoded is not None else [""] * n
+    return [p if isinstance(p, str) else (decoded[i] if decoded is not None else str(p)) for i, p in enumerate(raw)]
+
+
+def _tensor(batch: DataProto, key: str) -> torch.Tensor:
+    if key not in batch.tensor_keys:
+        raise KeyError(f"the batch has no tensor {key!r}; tensor keys are {batch.tensor_keys}")
+    return batch.batch[key]
+
+
+def _column(batch: DataProto, key: str, default: Any) -> Any:
+    return batch.non_tensor_batch.get(key, default)
+
+
+def _dataset_indices(batch: DataProto, n: int) -> list:
+    """Each row's index in its dataset: the `index` column, else extra_info["index"], else the row number."""
+    if "index" in batch.non_tensor_batch:
+        return [_plain(i) for i in batch.non_tensor_batch["index"]]
+    extra_infos = _column(batch, "extra_info", [None] * n)
+    return [_plain(e.get("index", i)) if isinstance(e, Mapping) else i for i, e in enumerate(extra_infos)]
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _mean(values: list[float]) -> float:
+    return float(sum(values) / len(values)) if values else 0.0
+
+
+def _check_clamp(clamp: Any) -> tuple[float, float] | None:
+    if clamp is None:
+        return None
+    try:
+        low, high = (float(v) for v in clamp)
+    except (TypeError, ValueError):
+        raise ValueError(f"clamp must be [low, high], got {clamp!r}") from None
+    if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+        raise ValueError(f"clamp must be finite [low, high] with low <= high, got [{low}, {high}]")
+    return low, high
+
+
+def _get(cfg: Any, key: str) -> Any:
+    if cfg is None:
+        return None
+    if isinstance(cfg, Mapping):
+        return cfg.get(key)
+    return getattr(cfg, key, None)
+
+
+def _config_error(key: str, message: str, fix: str) -> ConfigError:
+    return ConfigError([ConfigProblem(key, message, fix=fix)])

@@ -1,0 +1,95 @@
+"""The console logger: one compact line per step (the keys worth watching first), or a full table."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+__all__ = ["ConsoleLogger", "format_line", "format_table", "format_value"]
+
+# (label, keys in preference order): the first key present fills the slot.
+HEADLINE = (
+    ("reward", ("reward/score/mean",)),
+    ("kl", ("actor/kl", "actor/ppo_kl")),
+    ("pg_loss", ("actor/pg_loss",)),
+    ("tok/s", ("perf/tokens_per_s",)),
+    ("step_s", ("timing/step_s",)),
+)
+GROUPS = ("reward", "actor", "critic", "timing", "perf", "val")  # metric names are "<group>/<name>"
+
+
+def format_value(value: float) -> str:
+    """Integers as integers, everything else to 4 significant digits (0.001234, 1.235e+04)."""
+    if not math.isfinite(value):
+        return str(value)
+    if value == int(value) and abs(value) < 1e6:
+        return str(int(value))
+    return f"{value:.4g}"
+
+
+def format_line(metrics: dict[str, float], step: int) -> str:
+    """`step 3 | reward 0.75 | kl 0.0012 | ... | val/... | +N more`: headline keys, then every val/* key."""
+    parts, shown = [f"step {step}"], set()
+    for label, keys in HEADLINE:
+        key = next((k for k in keys if k in metrics), None)
+        if key is not None:
+            parts.append(f"{label} {format_value(metrics[key])}")
+            shown.add(key)
+    for key in sorted(k for k in metrics if k.startswith("val/")):  # validation steps are rare: show them all
+        parts.append(f"{key} {format_value(metrics[key])}")
+        shown.add(key)
+    if len(metrics) > len(shown):
+        parts.append(f"+{len(metrics) - len(shown)} more")
+    return " | ".join(parts)
+
+
+def group_of(key: str) -> str:
+    return key.split("/", 1)[0] if "/" in key else ""
+
+
+def _table_order(key: str) -> tuple:
+    group = group_of(key)
+    return (GROUPS.index(group) if group in GROUPS else len(GROUPS), group, key)
+
+
+def format_table(metrics: dict[str, float], step: int) -> Table:
+    """Every metric, grouped reward, actor, critic, timing, perf, val, then the rest."""
+    table = Table(title=f"step {step}", show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    previous = None
+    for key in sorted(metrics, key=_table_order):
+        if previous is not None and group_of(key) != previous:
+            table.add_section()
+        table.add_row(key, format_value(metrics[key]))
+        previous = group_of(key)
+    return table
+
+
+class ConsoleLogger:
+    """Prints each step to stdout (rich): the compact line, or the full table when table=True."""
+
+    def __init__(
+        self,
+        cfg: Any = None,
+        *,
+        run_config: dict | None = None,
+        log_dir: str | None = None,
+        table: bool = False,
+        console: Console | None = None,
+    ):
+        self.table = table
+        self.console = console or Console(highlight=False)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if self.table:
+            self.console.print(format_table(metrics, step))
+        else:
+            self.console.print(Text(format_line(metrics, step)), soft_wrap=True)
+
+    def close(self) -> None:
+        pass

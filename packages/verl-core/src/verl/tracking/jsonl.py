@@ -1,0 +1,30 @@
+"""The jsonl logger: one JSON object per step appended to <log_dir>/metrics.jsonl, flushed at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+__all__ = ["JsonlLogger"]
+
+FILENAME = "metrics.jsonl"
+
+
+class JsonlLogger:
+    """`{"step": 3, "time": <unix seconds>, "<metric>": value, ...}` per line; a resumed run appends."""
+
+    def __init__(self, cfg: Any = None, *, run_config: dict | None = None, log_dir: str):
+        os.makedirs(log_dir, exist_ok=True)
+        self.path = os.path.join(log_dir, FILENAME)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held open for the run, closed by close()
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        record: dict[str, Any] = {"step": step, "time": time.time()}
+        record.update((k, v) for k, v in metrics.items() if k not in record)  # a metric cannot overwrite "step"
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        self._file.flush()  # a crashed run keeps every step it logged
+
+    def close(self) -> None:
+        self._file.close()
