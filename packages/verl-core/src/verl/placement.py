@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from verl.config.errors import ConfigProblem
+from verl.config.errors import ConfigError, ConfigProblem
 from verl.config.schema import ROLES, VerlConfig
 
 AXES = ("tp", "pp", "cp", "dp", "ep")
@@ -56,7 +56,17 @@ def critic_enabled(cfg: DictConfig) -> bool:
     enable = value(cfg, "critic.enable")
     if enable is not None:
         return bool(enable)
-    return value(cfg, "algorithm.adv_estimator") == "gae"
+    return _estimator_needs_values(value(cfg, "algorithm.adv_estimator"))
+
+
+def _estimator_needs_values(spec: Any) -> bool:
+    """Whether the advantage estimator declares it needs a critic (gae, or a plugin's with requires=("values",))."""
+    from verl.algos import estimator_needs_values  # lazy: torch is needed only once algorithms are involved
+
+    try:
+        return estimator_needs_values(spec)
+    except (LookupError, ValueError, TypeError, ConfigError):  # a bad name or spec: validate reports it
+        return False
 
 
 def enabled_roles(cfg: Any) -> Tuple[str, ...]:

@@ -84,14 +84,35 @@ class KLControlConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    """DAPO dynamic sampling: drop prompt groups whose samples all scored the same (zero advantage)."""
+
+    enable: bool = False
+    metric: str = "seq_reward"  # compared within a group: seq_reward (summed token rewards) or a reward extra (acc)
+    max_num_gen_batches: int = 0  # rollout batches to try filling one training batch; 0: no limit
+
+
+@dataclass
+class OverlongBufferConfig:
+    """DAPO soft overlong punishment: a linear penalty over the last `len` tokens before max_response_length."""
+
+    enable: bool = False
+    len: int = 0  # buffer length in tokens, 1..data.max_response_length
+    penalty_factor: float = 1.0  # penalty at max_response_length
+
+
+@dataclass
 class AlgorithmConfig:
-    adv_estimator: str = "grpo"  # registry name: gae, grpo, rloo, reinforce_plus_plus, remax, opo, ...
+    # Registry names (verl.algos), or {_target_: pkg.module.fn, **kwargs}:
+    adv_estimator: Any = "grpo"  # gae, grpo, drgrpo, rloo, reinforce_plus_plus(_baseline), remax, opo
     gamma: float = 1.0
     lam: float = 1.0
     norm_adv_by_std_in_grpo: bool = True  # False gives Dr.GRPO
     use_kl_in_reward: bool = False
-    kl_penalty: str = "low_var_kl"  # k1 | abs | mse | low_var_kl | full
+    kl_penalty: Any = "low_var_kl"  # k1 | abs | mse | low_var_kl | full
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
 
 
 @dataclass
@@ -102,16 +123,18 @@ class ActorConfig:
     ppo_mini_batch_size: int = MISSING  # prompts per optimizer step (times rollout.n samples)
     ppo_micro_batch_size_per_device: int = 1  # samples per forward/backward on one worker
     ppo_epochs: int = 1
-    policy_loss: str = "vanilla"  # registry name: vanilla (PPO clip), dual_clip, gspo, cispo, ...
+    policy_loss: Any = "vanilla"  # registry name: vanilla (PPO clip), dual_clip, gspo, cispo, or {_target_: ...}
     clip_ratio: float = 0.2
     clip_ratio_low: Optional[float] = None  # None: clip_ratio
     clip_ratio_high: Optional[float] = None  # None: clip_ratio (DAPO clip-higher sets it larger)
     clip_ratio_c: float = 3.0  # dual-clip bound
-    loss_agg_mode: str = "token-mean"
+    tis_imp_ratio_cap: Optional[float] = None  # truncated IS weight min(pi_old/pi_rollout, cap); None: off
+    loss_agg_mode: Any = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
+    loss_norm_length: Optional[int] = None  # seq-mean-token-sum-norm divisor; None: the padded response length
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
+    kl_loss_type: Any = "low_var_kl"  # a KL estimator name, as algorithm.kl_penalty
     log_prob_micro_batch_size_per_device: int = 8
     use_fused_kernels: bool = False
     fused_kernel_impl: str = "torch"  # torch | triton
@@ -155,7 +178,7 @@ class CriticConfig:
     ppo_micro_batch_size_per_device: int = 1
     ppo_epochs: Optional[int] = None  # None: actor.ppo_epochs
     cliprange_value: float = 0.5
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: Any = "token-mean"
 
 
 @dataclass
@@ -213,6 +236,7 @@ class TrainerConfig:
     log_every: int = 1
     resume: str = "auto"  # auto | disable | <checkpoint dir>
     controller: str = "ray"  # ray | local (in-process workers, for debugging)
+    plugins: List[str] = field(default_factory=list)  # modules imported first: custom registry entries
 
 
 @dataclass

@@ -1,0 +1,158 @@
+"""Registries: one per extension point, so a recipe names an algorithm and a user adds one without editing the trainer.
+
+A recipe selects an entry by name (`algorithm.adv_estimator: grpo`), or points at any function with
+`{_target_: pkg.module.fn, **kwargs}` (kwargs are bound with functools.partial). Code adds entries with
+the decorator:
+
+    @ADV_ESTIMATORS.register("my_baseline", requires=("index",))
+    def my_baseline(token_level_rewards, response_mask, *, index, config, **_): ...
+
+Extra keyword arguments of `register` (here `requires`) are set as attributes on the function, so a
+`_target_` reference to the same function carries them too (`Registry.attr` reads them).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+__all__ = ["Registry", "UnknownNameError"]
+
+
+class UnknownNameError(KeyError):
+    """A name that no entry of a registry has; the message lists the names there are."""
+
+    def __str__(self) -> str:  # KeyError would print the repr of the message
+        return str(self.args[0])
+
+
+class Registry:
+    """Named functions for one extension point (advantage estimators, policy losses, ...)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind  # what an entry is, for messages: "advantage estimator"
+        self._entries: dict[str, Callable[..., Any]] = {}
+
+    def register(self, name: str, *, aliases: Iterable[str] = (), **attrs: Any) -> Callable[[F], F]:
+        """Decorator adding a function under `name` (and `aliases`); a name already taken is a ValueError.
+
+        Registering the same function again (or a reloaded copy of it: same module and qualified name)
+        is allowed, so re-importing a plugin module is harmless.
+        """
+        names = (name, *aliases)
+        for n in names:
+            if not isinstance(n, str) or not n.strip():
+                raise ValueError(f"a {self.kind} name must be a non-empty string, got {n!r}")
+
+        def decorator(fn: F) -> F:
+            if not callable(fn):
+                raise TypeError(f"@register({name!r}) decorates a function, got {type(fn).__name__}")
+            for n in names:  # check every name before adding any, so a failure leaves nothing behind
+                taken = self._entries.get(n)
+                if taken is not None and not _same_function(taken, fn):
+                    raise ValueError(
+                        f"{self.kind} '{n}' is already registered ({_describe(taken)}); "
+                        f"choose another name for {_describe(fn)}, or unregister('{n}') first"
+                    )
+            for key, value in attrs.items():
+                setattr(fn, key, value)
+            for n in names:
+                self._entries[n] = fn
+            return fn
+
+        return decorator
+
+    def unregister(self, name: str) -> None:
+        """Remove one name (tests and notebooks); an unknown name is an UnknownNameError."""
+        if name not in self._entries:
+            raise self._unknown(name, key="")
+        del self._entries[name]
+
+    def get(self, spec: Any, *, key: str = "") -> Callable[..., Any]:
+        """The function `spec` selects: a registered name, a `{_target_: ..., **kwargs}` mapping, or a callable.
+
+        `key` is the config key the spec came from (e.g. "algorithm.adv_estimator"), named in errors.
+        """
+        if isinstance(spec, str):
+            fn = self._entries.get(spec)
+            if fn is None:
+                raise self._unknown(spec, key)
+            return fn
+        if isinstance(spec, Mapping):
+            return self._from_target(spec, key)
+        if callable(spec):
+            return spec
+        where = f"{key}: " if key else ""
+        raise TypeError(
+            f"{where}a {self.kind} is selected by a registered name ({', '.join(self.names())}), "
+            f"a {{_target_: pkg.module.fn, ...}} mapping, or a callable; got {type(spec).__name__} {spec!r}"
+        )
+
+    def attr(self, spec: Any, name: str, default: Any = None, *, key: str = "") -> Any:
+        """An attribute `register` set on the function `spec` selects (looking through functools.partial)."""
+        fn = self.get(spec, key=key)
+        while isinstance(fn, functools.partial) and not hasattr(fn, name):
+            fn = fn.func
+        return getattr(fn, name, default)
+
+    def names(self) -> list[str]:
+        """Every registered name (aliases included), sorted."""
+        return sorted(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}: {', '.join(self.names())})"
+
+    # ------------------------------------------------------------------ helpers
+
+    def _unknown(self, name: str, key: str) -> UnknownNameError:
+        names = self.names()
+        close = difflib.get_close_matches(str(name), names, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        where = f"{key}: " if key else ""
+        return UnknownNameError(
+            f"{where}unknown {self.kind} '{name}'{hint} Registered: {', '.join(names) or '(none)'}. "
+            f"Add one with the registry's @register(name) decorator (in a module listed in trainer.plugins), "
+            f"or give {{_target_: pkg.module.fn}}"
+        )
+
+    def _from_target(self, spec: Mapping, key: str) -> Callable[..., Any]:
+        from omegaconf import DictConfig, OmegaConf
+
+        from verl.config.instantiate import instantiate, resolve_target  # lazy: keeps this module light
+
+        if isinstance(spec, DictConfig):  # user code gets plain values
+            spec = OmegaConf.to_container(spec, resolve=True)
+        if "_target_" not in spec:
+            where = f"{key}: " if key else ""
+            raise ValueError(
+                f"{where}a {self.kind} given as a mapping needs '_target_' (pkg.module.fn), got keys {list(spec)}"
+            )
+        kwargs = {k: v for k, v in spec.items() if k != "_target_"}
+        if not kwargs:  # the function itself, so its attributes stay visible
+            target = spec["_target_"]
+            return target if callable(target) else resolve_target(target, key=_join(key, "_target_"))
+        return instantiate({**spec, "_partial_": True}, key=key)
+
+
+def _same_function(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
+    """The same object, or a reloaded copy of it (same module and qualified name)."""
+    if a is b:
+        return True
+    ident_a = (getattr(a, "__module__", None), getattr(a, "__qualname__", None))
+    ident_b = (getattr(b, "__module__", None), getattr(b, "__qualname__", None))
+    return ident_a == ident_b and None not in ident_a
+
+
+def _describe(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _join(key: str, part: str) -> str:
+    return f"{key}.{part}" if key else part
