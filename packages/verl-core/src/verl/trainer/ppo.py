@@ -18,8 +18,9 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from verl.algos import apply_kl_penalty, compute_advantages, estimator_needs_values, make_kl_controller
+from verl.algos import apply_kl_penalty, compute_advantages, estimator_needs_values, load_plugins, make_kl_controller
 from verl.algos.metrics import data_metrics
+from verl.controller import init_ray, shutdown_ray
 from verl.data.build import make_rl_dataloaders
 from verl.placement import critic_enabled, ref_enabled
 from verl.protocol import DataProto
@@ -50,6 +51,13 @@ def tokens_in(batch: DataProto) -> int:
 class PPOTrainer:
     def __init__(self, config: Any, reward_fn: Optional[Callable] = None):
         self.cfg = cfg = config
+        load_plugins(cfg.trainer.plugins)  # user registrations (estimators, losses, rewards) before any lookup
+        self.started_ray = False
+        if cfg.trainer.controller == "ray":
+            # A local cluster gets at least one CPU per placed device (a CPU run places worker processes).
+            devices = cfg.placement.nnodes * cfg.placement.devices_per_node
+            local = not os.environ.get("RAY_ADDRESS")
+            self.started_ray = init_ray(num_cpus=max(os.cpu_count() or 1, devices) if local else None)
         self.output_dir = cfg.trainer.output_dir
         self.model_path = prepare_model(cfg)
         from transformers import AutoTokenizer
@@ -107,8 +115,7 @@ class PPOTrainer:
             rewards, kl_metrics = apply_kl_penalty(
                 b["token_level_scores"], b["old_log_probs"], b["ref_log_probs"], b["response_mask"],
                 kl_ctrl=self.kl_ctrl, kind=self.cfg.algorithm.kl_penalty,
-            )
-            self.kl_ctrl.update(float(kl_metrics["kl"]), n_steps=self.cfg.data.train_batch_size)
+            )  # also advances the KL controller
             metrics.update({f"actor/reward_{k}": float(v) for k, v in kl_metrics.items()})
         else:
             rewards = b["token_level_scores"]
@@ -154,7 +161,18 @@ class PPOTrainer:
         with timer("sync"):
             metrics.update(self.sync_weights())
         step_s = time.perf_counter() - start
-        metrics.update(data_metrics(batch))
+        b = batch.batch
+        metrics.update(
+            data_metrics(
+                response_mask=b["response_mask"],
+                token_level_scores=b["token_level_scores"],
+                token_level_rewards=b["token_level_rewards"],
+                advantages=b["advantages"],
+                returns=b["returns"],
+                values=b["values"] if "values" in b.keys() else None,
+                max_response_length=b["responses"].shape[1],
+            )
+        )
         metrics.update(timer.metrics())
         metrics.update({"timing/step_s": step_s, "perf/tokens_per_s": tokens_in(batch) / step_s})
         return metrics
@@ -217,7 +235,7 @@ class PPOTrainer:
         run_start, tokens, step_seconds = time.perf_counter(), 0.0, 0.0
         if t.val_before_train and self.step == 0:
             self.tracker.log(self.validate(), step=0)
-        progress = Progress(self.total_steps, initial=self.step)
+        progress = Progress(self.total_steps)
         try:
             while self.step < self.total_steps:
                 prompts = self.train_loader.next_batch()
@@ -253,6 +271,8 @@ class PPOTrainer:
 
     def close(self) -> None:
         self.workers.shutdown()
+        if self.started_ray:
+            shutdown_ray()
 
 
 def _mean_over_ranks(per_rank: Any) -> Dict[str, float]:

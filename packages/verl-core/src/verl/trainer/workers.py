@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from verl.controller import ResourcePool, make_worker_group
+from verl.controller import make_worker_group, pools_from_plan
 from verl.placement import make_plan
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from verl.workers.critic import CriticWorker
@@ -25,11 +25,6 @@ class Workers:
                 group.shutdown()
 
 
-def _pool(plan: Any, pool: Any) -> ResourcePool:
-    per_node = min(pool.size, plan.devices_per_node)
-    return ResourcePool(name=pool.name, nnodes=max(1, pool.size // per_node), devices_per_node=per_node, device=plan.device)
-
-
 def _threads_per_worker(plan: Any, groups_per_pool: int) -> str:
     """CPU runs share the host's cores between the processes placed on it."""
     local_workers = plan.devices_per_node * groups_per_pool
@@ -37,8 +32,11 @@ def _threads_per_worker(plan: Any, groups_per_pool: int) -> str:
 
 
 def start_workers(cfg: Any, *, model_path: str, total_steps: int) -> Workers:
-    plan = make_plan(cfg)
+    plan, problems = make_plan(cfg)
+    if plan is None:
+        raise ValueError("placement does not fit: " + "; ".join(str(p) for p in problems))
     mode = cfg.trainer.controller
+    pools = pools_from_plan(plan)
     by_role = {role: p for p in plan.pools for role in p.roles}
     if not all(r in by_role for r in ("actor", "rollout")):
         raise ValueError("placement.pools must place the actor and the rollout")
@@ -54,14 +52,14 @@ def start_workers(cfg: Any, *, model_path: str, total_steps: int) -> Workers:
     if plan.device == "cpu":
         env["OMP_NUM_THREADS"] = _threads_per_worker(plan, 2 if shared else 1)
     roles = [r for r in ACTOR_SIDE if r in actor_pool.roles]
-    resource_pool = _pool(plan, actor_pool)
+    resource_pool = pools[actor_pool.name]
     actor_rollout = make_worker_group(
         mode, resource_pool, ActorRolloutRefWorker, cfg, roles, model_path, total_steps,
         role="actor_rollout", env=env, resource_fraction=fraction,
     )
     critic = None
     if "critic" in by_role:
-        critic_pool = resource_pool if shared else _pool(plan, by_role["critic"])
+        critic_pool = resource_pool if shared else pools[by_role["critic"].name]
         critic = make_worker_group(
             mode, critic_pool, CriticWorker, cfg, model_path, total_steps,
             role="critic", env=env, resource_fraction=fraction,
