@@ -1,0 +1,243 @@
+"""How a call on a worker group is split across ranks and gathered back, declared per worker method.
+
+A worker class marks the methods the driver may call with `@register(Dispatch.X)`. A worker group
+turns each such method into a method of the group, and a call on it goes through two plain functions:
+
+    per_rank = split(dispatch, label, args, kwargs, world_size, infos)   # what each rank is called with
+    result   = gather(dispatch, label, results, infos)                   # what the driver gets back
+
+Both are pure (no Ray), so the Ray group and the in-process local group share them exactly.
+
+`infos` is each rank's `Worker.dispatch_info()` (read through `read_dispatch_infos`): its data-parallel
+rank, the data-parallel size, and whether the driver collects its result. With TP=2 over 4 ranks, for
+example, ranks 0,1 are dp rank 0 and ranks 2,3 dp rank 1; both ranks of a TP group get the same chunk
+and only the first one's result is collected. The other ranks' results are still fetched (that is how
+their errors surface) and then dropped, so a worker may return None on ranks that are not collected.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from verl.protocol import DataProto
+
+
+class Dispatch(enum.Enum):
+    ONE_TO_ALL = "one_to_all"  # the same arguments to every rank; a list of every rank's result
+    DP_COMPUTE = "dp_compute"  # the first argument (a DataProto) split by dp rank; collected results concatenated
+    RANK_ZERO = "rank_zero"  # only rank 0 runs; its result
+    ALL_TO_ALL = "all_to_all"  # every argument is a list with one entry per rank; a list of every rank's result
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """How a registered worker method is dispatched."""
+
+    dispatch: Dispatch
+    blocking: bool  # False: the group call returns a handle at once; handle.get() waits and gathers
+
+
+@dataclass(frozen=True)
+class DispatchInfo:
+    """One rank's place in the data-parallel layout (what `Worker.dispatch_info()` returns, checked)."""
+
+    dp_rank: int
+    dp_size: int
+    collect: bool
+
+
+SPEC_ATTR = "__verl_dispatch__"
+
+# One call's arguments for one rank; None where the rank does not run (RANK_ZERO).
+RankCall = tuple[tuple, dict] | None
+
+
+def register(dispatch: Dispatch = Dispatch.ONE_TO_ALL, *, blocking: bool = True) -> Callable:
+    """Mark a worker method as callable from the driver through a worker group.
+
+    Usable as `@register`, `@register(Dispatch.DP_COMPUTE)` or `@register(Dispatch.ONE_TO_ALL, blocking=False)`.
+    The method itself is unchanged (a worker calling it directly gets a plain call). An override in a
+    subclass keeps the base's registration unless it is decorated itself.
+    """
+    if inspect.isfunction(dispatch):  # bare @register
+        return register()(dispatch)
+    if not isinstance(dispatch, Dispatch):
+        names = ", ".join(f"Dispatch.{d.name}" for d in Dispatch)
+        raise TypeError(f"register(dispatch=...) takes a Dispatch ({names}), got {dispatch!r}")
+
+    def decorate(fn: Callable) -> Callable:
+        if not inspect.isfunction(fn):
+            raise TypeError(f"@register decorates a plain method (def name(self, ...)), got {fn!r}")
+        setattr(fn, SPEC_ATTR, MethodSpec(dispatch, blocking))
+        return fn
+
+    return decorate
+
+
+def method_spec(cls: type, name: str) -> MethodSpec | None:
+    """The registration of `cls.name`: the nearest decorated definition along the MRO, else None."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            spec = getattr(klass.__dict__[name], SPEC_ATTR, None)
+            if spec is not None:
+                return spec
+    return None
+
+
+def registered_methods(cls: type) -> dict[str, MethodSpec]:
+    """Every registered method of a worker class, by name."""
+    names = {name for klass in cls.__mro__ for name in klass.__dict__ if not name.startswith("__")}
+    specs = {name: method_spec(cls, name) for name in sorted(names)}
+    return {name: spec for name, spec in specs.items() if spec is not None}
+
+
+# ---------------------------------------------------------------------------------------------
+# Dispatch info
+# ---------------------------------------------------------------------------------------------
+
+
+def read_dispatch_infos(role: str, infos: Sequence[Mapping[str, Any]]) -> list[DispatchInfo]:
+    """Check every rank's dispatch_info() and that together they cover each dp rank exactly once."""
+    world = len(infos)
+    checked = []
+    for rank, info in enumerate(infos):
+        missing = [key for key in ("dp_rank", "dp_size", "collect") if key not in info]
+        if missing:
+            raise ValueError(
+                f"role '{role}': rank {rank}'s dispatch_info() lacks {', '.join(missing)} (got {dict(info)}); "
+                "return {'dp_rank': int, 'dp_size': int, 'collect': bool}"
+            )
+        checked.append(DispatchInfo(int(info["dp_rank"]), int(info["dp_size"]), bool(info["collect"])))
+    sizes = sorted({info.dp_size for info in checked})
+    if len(sizes) != 1:
+        by_rank = ", ".join(f"rank {r}: {info.dp_size}" for r, info in enumerate(checked))
+        raise ValueError(f"role '{role}': ranks disagree on dp_size ({by_rank}); every rank must report the same")
+    dp_size = sizes[0]
+    if not 1 <= dp_size <= world:
+        raise ValueError(f"role '{role}': dp_size={dp_size} must be between 1 and the world size {world}")
+    for rank, info in enumerate(checked):
+        if not 0 <= info.dp_rank < dp_size:
+            raise ValueError(f"role '{role}': rank {rank} reports dp_rank={info.dp_rank} outside 0..{dp_size - 1}")
+    for dp_rank in range(dp_size):
+        ranks = [r for r, info in enumerate(checked) if info.dp_rank == dp_rank]
+        collect = [r for r in ranks if checked[r].collect]
+        if not ranks:
+            raise ValueError(f"role '{role}': no rank has dp_rank={dp_rank}; its chunk of every batch would be lost")
+        if len(collect) != 1:
+            raise ValueError(
+                f"role '{role}': dp_rank {dp_rank} (ranks {ranks}) must have exactly one rank with collect=True, "
+                f"found {len(collect)} ({collect}); e.g. collect only on tp rank 0 of the last pp stage"
+            )
+    return checked
+
+
+# ---------------------------------------------------------------------------------------------
+# Split: what each rank is called with
+# ---------------------------------------------------------------------------------------------
+
+
+def _split_one_to_all(label: str, args: tuple, kwargs: dict, world: int, infos: Any) -> list[RankCall]:
+    return [(args, kwargs) for _ in range(world)]
+
+
+def _split_rank_zero(label: str, args: tuple, kwargs: dict, world: int, infos: Any) -> list[RankCall]:
+    return [(args, kwargs)] + [None] * (world - 1)
+
+
+def _split_all_to_all(label: str, args: tuple, kwargs: dict, world: int, infos: Any) -> list[RankCall]:
+    named = [(f"argument {i}", a) for i, a in enumerate(args)] + [(f"argument '{k}'", v) for k, v in kwargs.items()]
+    for name, arg in named:
+        if not isinstance(arg, (list, tuple)) or len(arg) != world:
+            got = f"a {type(arg).__name__} of length {len(arg)}" if isinstance(arg, (list, tuple)) else repr(arg)
+            raise ValueError(
+                f"{label} is ALL_TO_ALL: {name} must be a list with one entry per rank ({world}), got {got}"
+            )
+    return [(tuple(a[r] for a in args), {k: v[r] for k, v in kwargs.items()}) for r in range(world)]
+
+
+def _split_dp_compute(
+    label: str, args: tuple, kwargs: dict, world: int, infos: Sequence[DispatchInfo]
+) -> list[RankCall]:
+    if not args or not isinstance(args[0], DataProto):
+        got = type(args[0]).__name__ if args else "no positional argument"
+        raise TypeError(f"{label} is DP_COMPUTE: its first positional argument must be a DataProto, got {got}")
+    data, rest = args[0], args[1:]
+    dp_size = infos[0].dp_size
+    if len(data) % dp_size:
+        raise ValueError(
+            f"{label} is DP_COMPUTE over dp_size={dp_size}: the batch has {len(data)} rows, which do not split "
+            f"evenly ({len(data)} % {dp_size} = {len(data) % dp_size}); use a batch size divisible by {dp_size} "
+            "or pad the batch"
+        )
+    chunks = data.chunk(dp_size)
+    return [((chunks[info.dp_rank], *rest), kwargs) for info in infos]
+
+
+SPLITTERS: dict[Dispatch, Callable[..., list[RankCall]]] = {
+    Dispatch.ONE_TO_ALL: _split_one_to_all,
+    Dispatch.RANK_ZERO: _split_rank_zero,
+    Dispatch.ALL_TO_ALL: _split_all_to_all,
+    Dispatch.DP_COMPUTE: _split_dp_compute,
+}
+
+
+def split(
+    dispatch: Dispatch,
+    label: str,
+    args: tuple,
+    kwargs: dict,
+    world_size: int,
+    infos: Sequence[DispatchInfo] | None = None,
+) -> list[RankCall]:
+    """Each rank's (args, kwargs) for one call, or None where the rank does not run.
+
+    `label` names the call in errors ("role.method"); `infos` is needed for DP_COMPUTE only.
+    """
+    if dispatch is Dispatch.DP_COMPUTE and infos is None:
+        raise ValueError(f"{label}: DP_COMPUTE needs the ranks' dispatch infos")
+    return SPLITTERS[dispatch](label, args, kwargs, world_size, infos)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gather: what the driver gets back
+# ---------------------------------------------------------------------------------------------
+
+
+def _gather_all(label: str, results: Sequence[Any], infos: Any) -> list:
+    return list(results)
+
+
+def _gather_rank_zero(label: str, results: Sequence[Any], infos: Any) -> Any:
+    return results[0]
+
+
+def _gather_dp_compute(label: str, results: Sequence[Any], infos: Sequence[DispatchInfo]) -> Any:
+    collected = sorted((info.dp_rank, rank) for rank, info in enumerate(infos) if info.collect)
+    outputs = [results[rank] for _, rank in collected]
+    if outputs and all(isinstance(out, DataProto) for out in outputs):
+        try:
+            return DataProto.concat(outputs)
+        except ValueError as err:
+            raise ValueError(f"{label}: the dp ranks' DataProtos cannot be concatenated: {err}") from err
+    return outputs
+
+
+GATHERERS: dict[Dispatch, Callable[..., Any]] = {
+    Dispatch.ONE_TO_ALL: _gather_all,
+    Dispatch.RANK_ZERO: _gather_rank_zero,
+    Dispatch.ALL_TO_ALL: _gather_all,
+    Dispatch.DP_COMPUTE: _gather_dp_compute,
+}
+
+
+def gather(dispatch: Dispatch, label: str, results: Sequence[Any], infos: Sequence[DispatchInfo] | None = None) -> Any:
+    """The driver's result from every rank's result (`results[rank]`; entries of ranks that did not run are ignored).
+
+    DP_COMPUTE: the collect ranks' results ordered by dp rank, concatenated when they are all DataProtos,
+    else a list. ONE_TO_ALL / ALL_TO_ALL: the list of every rank's result. RANK_ZERO: rank 0's result.
+    """
+    return GATHERERS[dispatch](label, results, infos)
