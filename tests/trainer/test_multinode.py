@@ -1,0 +1,47 @@
+"""A recipe placing its actor on two Ray nodes (a local 2-node test cluster, 1 CPU each) trains a step."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from run_configs import tiny_config
+from verl.trainer.ppo import PPOTrainer
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    if ray.is_initialized():
+        ray.shutdown()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    cluster = Cluster(initialize_head=True, connect=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def test_grpo_on_two_nodes(two_nodes, tmp_path, embedded_cache, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("VERL_CACHE", embedded_cache)
+    cfg = tiny_config(
+        "grpo_tiny",
+        str(tmp_path),
+        "trainer.controller=ray",
+        "placement.nnodes=2",
+        "placement.devices_per_node=1",
+        "rollout.n=2",
+        steps=1,
+    )
+    trainer = PPOTrainer(cfg)
+    try:
+        slots = trainer.workers.actor_rollout.slots
+        assert len({s.node_id for s in slots}) == 2  # rank 0 and rank 1 on different nodes
+        summary = trainer.fit()
+    finally:
+        trainer.close()
+    assert summary["steps"] == 1
+    assert (tmp_path / "checkpoints" / "step_1" / "COMPLETE").exists()

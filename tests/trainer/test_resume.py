@@ -1,0 +1,73 @@
+"""Exact resume: 6 steps straight vs 3 steps, process killed, resumed, 3 more -> identical final weights.
+
+The runs are real `verl train` processes (local controller: the same workers in-process); the second is
+SIGKILLed as soon as its step-3 checkpoint is complete. Model, optimizer, LR schedule, RNG and data
+position all have to come back for the weights to match bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from run_configs import RECIPES
+
+OVERRIDES = (
+    "trainer.controller=local",
+    "trainer.total_steps=6",
+    "trainer.val_every=0",
+    "trainer.val_before_train=false",
+    "model.warm_start=null",
+    "data.train_batch_size=4",
+    "actor.ppo_mini_batch_size=2",
+    "actor.ppo_micro_batch_size_per_device=4",
+    "rollout.n=4",
+    "checkpoint.save_every=3",
+    "checkpoint.save_hf=true",
+    "tracking.loggers=[jsonl]",
+)
+
+
+def _cmd(out: Path) -> list[str]:
+    return [sys.executable, "-m", "verl.cli", "train", str(RECIPES / "grpo_tiny.yaml"), *OVERRIDES, f"trainer.output_dir={out}"]
+
+
+def _env(cache: str) -> dict:
+    return {**os.environ, "VERL_CACHE": cache, "OMP_NUM_THREADS": "1"}
+
+
+def test_kill_and_resume_gives_identical_weights(tmp_path, embedded_cache):  # noqa: F811
+    env = _env(embedded_cache)
+    straight = tmp_path / "straight"
+    subprocess.run(_cmd(straight), env=env, check=True, capture_output=True, timeout=600)
+
+    resumed = tmp_path / "resumed"
+    proc = subprocess.Popen(_cmd(resumed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    marker = resumed / "checkpoints" / "step_3" / "COMPLETE"
+    deadline = time.monotonic() + 600
+    while not marker.exists():
+        assert proc.poll() is None, f"the run ended before its step-3 checkpoint: {proc.stderr.read().decode()[-2000:]}"
+        assert time.monotonic() < deadline, "no step-3 checkpoint within 600 s"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (resumed / "checkpoints" / "step_6").exists(), "killed too late: the run had already finished"
+
+    out = subprocess.run(_cmd(resumed), env=env, check=True, capture_output=True, text=True, timeout=600)
+    assert "resumed from" in out.stdout and "(step 3)" in out.stdout
+
+    a = load_file(str(straight / "hf" / "model.safetensors"))
+    b = load_file(str(resumed / "hf" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    # And training did change them: the final weights differ from the step-3 ones.
+    rows = (resumed / "logs" / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) >= 6
