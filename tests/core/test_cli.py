@@ -125,21 +125,16 @@ def test_dry_run_before_the_recipe(tmp_path, capsys):
 
 def test_train_validates_plans_and_calls_the_trainer(tmp_path, capsys, monkeypatch):
     calls = []
-    monkeypatch.setattr(cli, "start_trainer", lambda cfg, plan: calls.append((cfg, plan)) or 0)
+    monkeypatch.setattr(cli, "start_trainer", lambda cfg, plan, name: calls.append((cfg, plan, name)) or 0)
     code, out, err = run(capsys, "train", recipe(tmp_path))
     assert code == 0, err
-    ((cfg, plan),) = calls
+    ((cfg, plan, name),) = calls
     assert cfg.data.train_batch_size == 16 and plan.layout("actor").dp == 2
-
-
-def test_train_says_it_only_plans(tmp_path, capsys):
-    code, out, err = run(capsys, "train", recipe(tmp_path))
-    assert code == 0
-    assert "# plan" in out and "validates and plans only" in out
+    assert name == "recipe"  # the run is named after the recipe file, in its summary line
 
 
 def test_train_with_errors_starts_nothing(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(cli, "start_trainer", lambda cfg, plan: pytest.fail("trainer started"))
+    monkeypatch.setattr(cli, "start_trainer", lambda cfg, plan, name: pytest.fail("trainer started"))
     code, out, err = run(capsys, "train", recipe(tmp_path), "rollout.n=0")
     assert code == 2 and "rollout.n" in err
 

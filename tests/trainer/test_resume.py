@@ -62,6 +62,7 @@ def test_kill_and_resume_gives_identical_weights(tmp_path, embedded_cache):  # n
 
     out = subprocess.run(_cmd(resumed), env=env, check=True, capture_output=True, text=True, timeout=600)
     assert "resumed from" in out.stdout and "(step 3)" in out.stdout
+    assert "verl grpo_tiny: " in out.stdout.splitlines()[-1]  # the run ends with its one-line summary
 
     a = load_file(str(straight / "hf" / "model.safetensors"))
     b = load_file(str(resumed / "hf" / "model.safetensors"))

@@ -60,6 +60,10 @@ class TrainEngine(Protocol):
     def weights(self) -> Iterator[Tuple[str, torch.Tensor]]:
         """Full (unsharded) parameters one tensor at a time, in Hugging Face names; collective on all ranks."""
 
+    def data_parallel_info(self) -> Tuple[int, int, bool]:
+        """(dp_rank, dp_size, collect): which slice of a batch this rank takes, and whether its outputs are
+        gathered (one rank per data-parallel replica returns results; TP/PP peers compute the same rows)."""
+
     def save_checkpoint(self, path: str) -> None: ...
 
     def load_checkpoint(self, path: str) -> None: ...

@@ -70,6 +70,9 @@ class FSDPEngine:
             )
             self.scheduler = make_scheduler(self.optimizer, o, cfg.total_steps)
 
+    def data_parallel_info(self) -> Tuple[int, int, bool]:
+        return self.rank, self.world_size, True  # FSDP: every rank is its own data-parallel replica
+
     # ---- forward -------------------------------------------------------------------------------------
     def _forward(self, mb: DataProto, temperature: float, entropy: bool) -> Dict[str, torch.Tensor]:
         b = mb.batch

@@ -57,6 +57,9 @@ class ActorRolloutRefWorker(Worker):
             self.rollout = rollout_engine(self.cfg, model_path=self.model_path, tokenizer=self.tokenizer, actor=self.actor)
         if "ref" in self.roles:
             self.ref = train_engine(self.cfg, "ref", model_path=self.model_path, total_steps=1, optimize=False)
+        engine = self.actor or self.ref
+        if engine is not None:  # batches are split by the train engine's data-parallel layout
+            self.set_dispatch_info(*engine.data_parallel_info())
 
     @register(Dispatch.DP_COMPUTE)
     def generate(self, prompts: DataProto) -> DataProto:

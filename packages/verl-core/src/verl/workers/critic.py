@@ -23,6 +23,7 @@ class CriticWorker(Worker):
         set_threads(None)
         self.init_distributed("gloo" if self.cfg.placement.device == "cpu" else "nccl")
         self.engine = train_engine(self.cfg, "critic", model_path=self.model_path, total_steps=self.total_steps, optimize=True)
+        self.set_dispatch_info(*self.engine.data_parallel_info())
 
     @register(Dispatch.DP_COMPUTE)
     def compute_values(self, batch: DataProto) -> DataProto:
