@@ -105,3 +105,31 @@ def test_export_hf_loads_in_transformers(gloo_world_one, llama_dir, tmp_path):  
     exported = dict(loaded.named_parameters())
     for name, w in engine.weights():
         torch.testing.assert_close(exported[name], w, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("impl", ["torch"])
+def test_fused_kernels_match_the_unfused_path(gloo_world_one, llama_dir, impl):  # noqa: F811
+    """actor.use_fused_kernels: same log-probs, entropy and training step as the logits path."""
+    batch = random_batch(4, P, R, seed=4, left_pad=2)
+    # eps=1 makes Adam's first update ~ lr * g, so comparing weights compares gradients; with the default eps
+    # Adam maps tiny gradients to +-lr and rounding-level gradient differences flip them.
+    optim = OptimConfig(lr=1e-2, eps=1.0, weight_decay=0.0)
+    plain = FSDPEngine(EngineConfig(model_path=llama_dir, optim=optim, total_steps=10))
+    fused = FSDPEngine(
+        EngineConfig(model_path=llama_dir, optim=optim, total_steps=10, use_fused_kernels=True, fused_kernel_impl=impl)
+    )
+    a = plain.infer(batch, micro_batch_size=4, temperature=0.8, entropy=True)
+    b = fused.infer(batch, micro_batch_size=4, temperature=0.8, entropy=True)
+    torch.testing.assert_close(b.batch["log_probs"], a.batch["log_probs"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(b.batch["entropy"], a.batch["entropy"], rtol=1e-5, atol=1e-5)
+
+    def loss(out, mb):  # log-prob and entropy terms, so both gradients are exercised
+        value = -out["log_probs"].mean() - 0.1 * out["entropy"].mean()
+        return value, {"loss": float(value.detach())}
+
+    m_plain = plain.train_step(batch, loss, micro_batch_size=2, temperature=0.8, entropy=True)
+    m_fused = fused.train_step(batch, loss, micro_batch_size=2, temperature=0.8, entropy=True, entropy_grad=True)
+    assert m_fused["loss"] == pytest.approx(m_plain["loss"], rel=1e-5)
+    assert m_fused["grad_norm"] == pytest.approx(m_plain["grad_norm"], rel=1e-4)
+    for (name, x), (_, y) in zip(plain.weights(), fused.weights()):
+        torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-6, msg=name)

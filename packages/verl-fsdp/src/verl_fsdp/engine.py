@@ -74,7 +74,7 @@ class FSDPEngine:
         return self.rank, self.world_size, True  # FSDP: every rank is its own data-parallel replica
 
     # ---- forward -------------------------------------------------------------------------------------
-    def _forward(self, mb: DataProto, temperature: float, entropy: bool) -> Dict[str, torch.Tensor]:
+    def _forward(self, mb: DataProto, temperature: float, entropy: bool, entropy_grad: bool = True) -> Dict[str, torch.Tensor]:
         b = mb.batch
         r = b["responses"].shape[1]
         kwargs = dict(
@@ -87,14 +87,39 @@ class FSDPEngine:
             values = self.model(**kwargs).logits.squeeze(-1)
             # The value of the state before each response token: positions P-1 .. P+R-2.
             return {"values": values[:, -r - 1 : -1].float()}
+        labels = b["responses"].to(self.device)
+        if self.cfg.use_fused_kernels:
+            return self._fused_logprobs(kwargs, labels, r, temperature, entropy_grad)
         # Only the last R+1 positions' logits are computed: the ones that predict response tokens.
         logits = self.model(**kwargs, logits_to_keep=r + 1).logits[:, :-1]
         logits = logits.float() / temperature
-        labels = b["responses"].to(self.device)
         out = {"log_probs": logprobs_from_logits(logits, labels)}
         if entropy:
             out["entropy"] = entropy_from_logits(logits)
         return out
+
+    def _fused_logprobs(self, kwargs, labels, r: int, temperature: float, entropy_grad: bool) -> Dict[str, torch.Tensor]:
+        """Log-probs and entropy from the final hidden states and the output weight, never holding [B, R, V]
+        logits (verl_kernels). The output head is bypassed inside the root forward, so FSDP still gathers its
+        weight, and its gradient flows back through the kernel."""
+        from verl_kernels import linear_logprob_entropy
+
+        head = self.model.get_output_embeddings()
+        name = next(n for n, m in self.model.named_children() if m is head)
+        setattr(self.model, name, torch.nn.Identity())
+        try:
+            hidden = self.model(**kwargs, logits_to_keep=r + 1).logits[:, :-1]
+        finally:
+            setattr(self.model, name, head)
+        log_probs, entropy = linear_logprob_entropy(
+            hidden,
+            head.weight,
+            labels,
+            temperature=temperature,
+            impl=self.cfg.fused_kernel_impl,
+            entropy_grad=entropy_grad,
+        )
+        return {"log_probs": log_probs, "entropy": entropy}
 
     def infer(self, batch: DataProto, *, micro_batch_size: int, temperature: float = 1.0, entropy: bool = False) -> DataProto:
         self.model.eval()
@@ -113,6 +138,7 @@ class FSDPEngine:
         micro_batch_size: int,
         temperature: float = 1.0,
         entropy: bool = False,
+        entropy_grad: bool = True,
     ) -> Metrics:
         """Accumulate gradients over micro-batches of `batch` (each weighted by its share of the rows), clip, step."""
         if self.optimizer is None:
@@ -124,7 +150,7 @@ class FSDPEngine:
         for i, mb in enumerate(micro):
             # Reduce-scatter gradients once, on the last micro-batch, instead of after every backward.
             self.model.set_requires_gradient_sync(i == len(micro) - 1)
-            loss, metrics = loss_fn(self._forward(mb, temperature, entropy), mb)
+            loss, metrics = loss_fn(self._forward(mb, temperature, entropy, entropy_grad), mb)
             share = len(mb) / len(batch)
             (loss * share).backward()
             for k, v in metrics.items():

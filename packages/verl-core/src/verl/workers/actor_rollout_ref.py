@@ -99,6 +99,7 @@ class ActorRolloutRefWorker(Worker):
             loss_fn=actor_loss_fn(a),
             temperature=self.cfg.rollout.temperature or 1.0,
             entropy=True,
+            entropy_grad=bool(a.entropy_coeff),  # fused kernels skip the entropy gradient when it is only logged
         )
         return metrics
 
