@@ -69,13 +69,13 @@ class ActorRolloutRefWorker(Worker):
 
     @register(Dispatch.DP_COMPUTE)
     def compute_log_prob(self, batch: DataProto) -> DataProto:
+        """old_log_probs under the current actor (entropy is measured in the update, where it is used)."""
         out = self._need("actor").infer(
             batch,
             micro_batch_size=self.cfg.actor.log_prob_micro_batch_size_per_device,
             temperature=self.cfg.rollout.temperature or 1.0,
-            entropy=True,
         )
-        return DataProto.from_dict({"old_log_probs": out.batch["log_probs"], "entropy": out.batch["entropy"]})
+        return DataProto.from_dict({"old_log_probs": out.batch["log_probs"]})
 
     @register(Dispatch.DP_COMPUTE)
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
