@@ -10,7 +10,7 @@ import pytest
 import ray
 import torch
 
-from run_configs import tiny_config
+from tests.trainer.run_configs import tiny_config
 from verl.controller import init_ray, make_worker_group, pools_from_plan
 from verl.embedded.models import materialize_embedded_model
 from verl.placement import make_plan

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from run_configs import RECIPES
+from tests.trainer.run_configs import RECIPES
 
 OVERRIDES = (
     "trainer.controller=local",
@@ -40,13 +40,21 @@ def _cmd(out: Path) -> list[str]:
 
 
 def _env(cache: str) -> dict:
-    return {**os.environ, "VERL_CACHE": cache, "OMP_NUM_THREADS": "1"}
+    # The child sees exactly this process's import path (a source checkout, or a test runner's sandbox).
+    path = os.pathsep.join(p for p in sys.path if p)
+    return {**os.environ, "VERL_CACHE": cache, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+
+
+def _run(cmd: list[str], env: dict) -> subprocess.CompletedProcess:
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, f"{' '.join(cmd[:5])} ... failed:\n{out.stderr[-3000:]}"
+    return out
 
 
 def test_kill_and_resume_gives_identical_weights(tmp_path, embedded_cache):  # noqa: F811
     env = _env(embedded_cache)
     straight = tmp_path / "straight"
-    subprocess.run(_cmd(straight), env=env, check=True, capture_output=True, timeout=600)
+    _run(_cmd(straight), env)
 
     resumed = tmp_path / "resumed"
     proc = subprocess.Popen(_cmd(resumed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -60,7 +68,7 @@ def test_kill_and_resume_gives_identical_weights(tmp_path, embedded_cache):  # n
     proc.wait()
     assert not (resumed / "checkpoints" / "step_6").exists(), "killed too late: the run had already finished"
 
-    out = subprocess.run(_cmd(resumed), env=env, check=True, capture_output=True, text=True, timeout=600)
+    out = _run(_cmd(resumed), env)
     assert "resumed from" in out.stdout and "(step 3)" in out.stdout
     assert "verl grpo_tiny: " in out.stdout.splitlines()[-1]  # the run ends with its one-line summary
 

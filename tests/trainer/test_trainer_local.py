@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from run_configs import tiny_config
+from tests.trainer.run_configs import tiny_config
 from verl.trainer.ppo import PPOTrainer
 
 
