@@ -33,9 +33,17 @@ STAGES = ("gen", "reward", "log_probs", "adv", "update", "sync")
 def run_verl(steps: int, out_dir: str) -> list[dict]:
     """The real recipe through the real CLI, validation off; per-step metrics from its jsonl log."""
     cmd = [
-        sys.executable, "-m", "verl.cli", "train", str(RECIPE),
-        f"trainer.total_steps={steps}", "trainer.val_every=0", "trainer.val_before_train=false",
-        "trainer.resume=disable", f"trainer.output_dir={out_dir}", "tracking.loggers=[jsonl]",
+        sys.executable,
+        "-m",
+        "verl.cli",
+        "train",
+        str(RECIPE),
+        f"trainer.total_steps={steps}",
+        "trainer.val_every=0",
+        "trainer.val_before_train=false",
+        "trainer.resume=disable",
+        f"trainer.output_dir={out_dir}",
+        "tracking.loggers=[jsonl]",
     ]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     with open(os.path.join(out_dir, "logs", "metrics.jsonl")) as f:
@@ -72,8 +80,15 @@ def run_plain(cfg, steps: int) -> list[dict]:
         model.eval()
         with torch.no_grad():
             seq = model.generate(
-                input_ids=ids, attention_mask=mask, do_sample=True, temperature=r.temperature, top_k=0, top_p=1.0,
-                max_new_tokens=max_new, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=True,
+                temperature=r.temperature,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=max_new,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
             )
         resp = torch.nn.functional.pad(seq[:, p:], (0, max_new - (seq.shape[1] - p)), value=tok.pad_token_id)
         eos = resp == tok.eos_token_id
@@ -90,7 +105,7 @@ def run_plain(cfg, steps: int) -> list[dict]:
         full_mask = torch.cat([mask, resp_mask], 1)
         pos = (full_mask.cumsum(1) - 1).clamp(min=0)
 
-        def logprobs(m):
+        def logprobs(m, full=full, full_mask=full_mask, pos=pos, resp=resp):
             logits = m(input_ids=full, attention_mask=full_mask, position_ids=pos, logits_to_keep=max_new + 1).logits
             logits = logits[:, :-1].float() / r.temperature
             return torch.log_softmax(logits, -1).gather(-1, resp.unsqueeze(-1)).squeeze(-1)
@@ -123,8 +138,14 @@ def run_plain(cfg, steps: int) -> list[dict]:
         t["sync"] = 0.0  # one process, one copy of the weights
         step_s = time.perf_counter() - start
         tokens = int(full_mask.sum())
-        rows.append({**{f"timing/{k}_s": v for k, v in t.items()}, "timing/step_s": step_s, "perf/tokens_per_s": tokens / step_s,
-                     "reward/score/mean": float(scores.mean())})
+        rows.append(
+            {
+                **{f"timing/{k}_s": v for k, v in t.items()},
+                "timing/step_s": step_s,
+                "perf/tokens_per_s": tokens / step_s,
+                "reward/score/mean": float(scores.mean()),
+            }
+        )
     return rows
 
 

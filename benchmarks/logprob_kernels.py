@@ -59,6 +59,7 @@ def naive_lowp(hidden, weight, labels, temperature, entropy_grad, ignore_index=-
 def worker(args) -> None:
     """One implementation, fresh process: warm up small, then time `repeats` full forward+backward steps."""
     import torch
+
     from verl_kernels import linear_logprob_entropy
 
     torch.set_num_threads(args.threads)

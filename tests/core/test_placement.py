@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 
 import pytest
-from verl.config.schema import VerlConfig
-from verl.placement import Layout, enabled_roles, format_plan, make_plan
 
 from tests.fixtures import make_cfg
+from verl.config.schema import VerlConfig
+from verl.placement import Layout, enabled_roles, format_plan, make_plan
 
 SIXTEEN = {
     "data": {"train_batch_size": 256},

@@ -6,12 +6,12 @@ import importlib.util
 
 import pytest
 from omegaconf import OmegaConf
+
+from tests.fixtures import make_cfg
 from verl.backends import BackendSpec
 from verl.config import validate as validate_module
 from verl.config.schema import VerlConfig
 from verl.config.validate import validate
-
-from tests.fixtures import make_cfg
 
 # Every backend installed, none needing a third-party module (so the tests do not depend on the path),
 # except sglang, whose library is not installed here.
@@ -24,6 +24,7 @@ INSTALLED = {
     "torch": BackendSpec("torch", "kernels", "verl-kernels"),
     "triton": BackendSpec("triton", "kernels", "verl-kernels"),
 }
+
 
 def check(*updates: dict, strict: bool = True, installed=INSTALLED):
     return validate(make_cfg(*updates), strict=strict, installed=installed)

@@ -45,7 +45,9 @@ def test_engine_needs_a_process_group(llama_dir):  # noqa: F811
 def test_log_probs_and_entropy_match_transformers(gloo_world_one, llama_dir):  # noqa: F811
     batch = random_batch(4, P, R, left_pad=2)
     engine = _engine(llama_dir)
-    out = engine.infer(batch, micro_batch_size=3, temperature=0.7, entropy=True)  # 3 does not divide 4: uneven micro-batches
+    out = engine.infer(
+        batch, micro_batch_size=3, temperature=0.7, entropy=True
+    )  # 3 does not divide 4: uneven micro-batches
     ref, logits = _hf_logprobs(llama_dir, batch, temperature=0.7)
     ref_entropy = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
     torch.testing.assert_close(out.batch["log_probs"], ref, rtol=1e-5, atol=1e-5)
@@ -132,4 +134,17 @@ def test_fused_kernels_match_the_unfused_path(gloo_world_one, llama_dir, impl): 
     assert m_fused["loss"] == pytest.approx(m_plain["loss"], rel=1e-5)
     assert m_fused["grad_norm"] == pytest.approx(m_plain["grad_norm"], rel=1e-4)
     for (name, x), (_, y) in zip(plain.weights(), fused.weights()):
+        torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_gradient_checkpointing_gives_the_same_step(gloo_world_one, llama_dir):  # noqa: F811
+    """model.gradient_checkpointing recomputes activations in backward: same loss and weights, less memory."""
+    batch = random_batch(4, P, R, seed=6)
+    plain, ckpt = _engine(llama_dir), _engine(llama_dir, gradient_checkpointing=True)
+    assert ckpt.model.is_gradient_checkpointing and not plain.model.is_gradient_checkpointing
+    m1 = plain.train_step(batch, _nll, micro_batch_size=2)
+    m2 = ckpt.train_step(batch, _nll, micro_batch_size=2)
+    assert m1["loss"] == pytest.approx(m2["loss"], rel=1e-6)
+    assert m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
+    for (name, x), (_, y) in zip(plain.weights(), ckpt.weights()):
         torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-6, msg=name)

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+
 import verl_kernels
 from verl_kernels import IMPLS, linear_logprob_entropy, vocab_parallel_linear_logprob_entropy
 

@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
+
 from verl_kernels import linear_logprob_entropy
 
 # Relative error is max|actual - expected| / max|expected| over the whole tensor.

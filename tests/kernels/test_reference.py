@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from verl_kernels import linear_logprob_entropy
 
 LN2 = math.log(2.0)

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 
 import pytest
 import torch
 
 if not torch.cuda.is_available():
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        # triton chose compiled mode when it was first imported; the interpreter cannot be switched on now.
+        pytest.skip(
+            "triton was imported before TRITON_INTERPRET=1 could be set: run this file in its own process "
+            "(as `pants test` does)",
+            allow_module_level=True,
+        )
     # Must precede the first import of the kernels: triton.jit picks interpreter or compiler when it decorates.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

@@ -27,7 +27,9 @@ def _prompts(b=3, p=4, seed=0) -> DataProto:
     mask = torch.ones(b, p, dtype=torch.long)
     ids[0, :2], mask[0, :2] = PAD, 0  # one left-padded prompt
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": pos}, {"tag": ["a", "b", "c"]})
+    return DataProto.from_dict(
+        {"input_ids": ids, "attention_mask": mask, "position_ids": pos}, {"tag": ["a", "b", "c"]}
+    )
 
 
 def _actor(path):

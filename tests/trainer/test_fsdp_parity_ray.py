@@ -97,5 +97,7 @@ def materialize_reference(model_path: str) -> dict:
     if model_path not in _REF:
         from transformers import AutoModelForCausalLM
 
-        _REF[model_path] = {k: v.detach() for k, v in AutoModelForCausalLM.from_pretrained(model_path).named_parameters()}
+        _REF[model_path] = {
+            k: v.detach() for k, v in AutoModelForCausalLM.from_pretrained(model_path).named_parameters()
+        }
     return _REF[model_path]

@@ -36,7 +36,15 @@ OVERRIDES = (
 
 
 def _cmd(out: Path) -> list[str]:
-    return [sys.executable, "-m", "verl.cli", "train", str(RECIPES / "grpo_tiny.yaml"), *OVERRIDES, f"trainer.output_dir={out}"]
+    return [
+        sys.executable,
+        "-m",
+        "verl.cli",
+        "train",
+        str(RECIPES / "grpo_tiny.yaml"),
+        *OVERRIDES,
+        f"trainer.output_dir={out}",
+    ]
 
 
 def _env(cache: str) -> dict:

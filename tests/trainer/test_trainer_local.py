@@ -38,8 +38,17 @@ def test_grpo_steps_log_grouped_metrics_and_checkpoint(tmp_path):
     assert [r["step"] for r in rows] == [1, 2]
     keys = set(rows[-1])
     for key in (
-        "reward/score/mean", "actor/pg_loss", "actor/entropy", "actor/pg_clipfrac", "actor/grad_norm", "actor/lr",
-        "timing/gen_s", "timing/update_s", "timing/step_s", "perf/tokens_per_s", "perf/weight_sync_bytes",
+        "reward/score/mean",
+        "actor/pg_loss",
+        "actor/entropy",
+        "actor/pg_clipfrac",
+        "actor/grad_norm",
+        "actor/lr",
+        "timing/gen_s",
+        "timing/update_s",
+        "timing/step_s",
+        "perf/tokens_per_s",
+        "perf/weight_sync_bytes",
     ):
         assert key in keys, key
     assert "critic/vf_loss" not in keys  # no critic in GRPO (critic/score etc. are batch statistics)

@@ -8,6 +8,7 @@ import statistics
 import numpy as np
 import pytest
 import torch
+
 from verl.algos import ADV_ESTIMATORS, compute_advantages, estimator_needs_values, estimator_requires
 from verl.config.schema import AlgorithmConfig
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from verl.config.validate import validate
 
 from tests.fixtures import make_cfg
+from verl.config.validate import validate
 
 ALGO_KEYS = (
     "algorithm.",

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 from torch.autograd import gradcheck
+
 from verl.algos import (
     agg_loss,
     compute_policy_loss,

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from verl.algos import compute_policy_metrics, data_metrics, ratio_stats
 from verl.config.schema import ActorConfig
 

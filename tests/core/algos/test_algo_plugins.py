@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 import torch
+
 from verl.algos import ADV_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, compute_advantages, load_plugins
 from verl.config.errors import ConfigError
 from verl.config.loader import load_config

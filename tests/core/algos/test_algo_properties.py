@@ -7,6 +7,7 @@ import math
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from verl.algos import agg_loss, compute_advantages, compute_policy_loss
 from verl.config.schema import ActorConfig, AlgorithmConfig
 

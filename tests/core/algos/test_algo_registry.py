@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import pytest
+
 from verl.algos import ADV_ESTIMATORS, AGG_MODES, KL_ESTIMATORS, POLICY_LOSSES, Registry, UnknownNameError
 from verl.config.errors import ConfigError
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from verl.algos import filter_groups, overlong_penalty
 
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from verl.algos import dpo_loss
 
 F64 = torch.float64

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from verl.algos import (
     KL_ESTIMATORS,
     AdaptiveKLController,

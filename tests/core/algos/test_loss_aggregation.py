@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from verl.algos import AGG_MODES, agg_loss, masked_mean, masked_sum, masked_var, masked_whiten
 
 LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], dtype=torch.float64)

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from verl.algos import POLICY_LOSSES, compute_policy_loss, compute_value_loss, entropy_loss
 from verl.config.schema import ActorConfig
 

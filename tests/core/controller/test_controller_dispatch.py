@@ -8,6 +8,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from tests.fixtures import make_cfg
 from verl.controller import Dispatch, ResourcePool, Worker, WorkerError, init_ray, pools_from_plan, register
 from verl.controller.dispatch import (
     DispatchInfo,
@@ -18,8 +20,6 @@ from verl.controller.dispatch import (
 )
 from verl.placement import make_plan
 from verl.protocol import DataProto
-
-from tests.fixtures import make_cfg
 
 
 def rows(n: int) -> DataProto:

@@ -14,6 +14,7 @@ import pytest
 import ray
 import torch
 import torch.distributed as dist
+
 from verl.controller import (
     Dispatch,
     LocalWorkerGroup,

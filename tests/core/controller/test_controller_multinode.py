@@ -14,6 +14,7 @@ import ray
 import torch
 import torch.distributed as dist
 from ray.cluster_utils import Cluster
+
 from verl.controller import Dispatch, RayWorkerGroup, ResourcePool, Worker, register
 from verl.controller.worker_group import rendezvous_address
 

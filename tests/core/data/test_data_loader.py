@@ -9,8 +9,8 @@ import torch
 from tests.fixtures import make_cfg
 from verl.data import (
     DataLoader,
-    RLDataset,
     ResumableSampler,
+    RLDataset,
     collate_rl,
     make_dataloader,
     make_rl_dataloaders,
@@ -25,7 +25,10 @@ def test_loader_resumes(char_tokenizer, embedded_cache):
         cache_dir=embedded_cache,
     )
     collate = functools.partial(collate_rl, tokenizer=char_tokenizer, max_prompt_length=16)
-    make = lambda: make_dataloader(ds, ResumableSampler(len(ds), batch_size=16, shuffle=True, seed=3), collate)
+
+    def make():
+        return make_dataloader(ds, ResumableSampler(len(ds), batch_size=16, shuffle=True, seed=3), collate)
+
     loader = make()
     assert len(loader) == 12  # 200 // 16
     expected = [loader.next_batch() for _ in range(30)]  # crosses two epoch boundaries

@@ -57,7 +57,10 @@ def test_iteration_mid_epoch_gives_the_rest():
 def test_resume_gives_the_same_batches(n, batch_size, shuffle, drop_last, seed, data):
     if drop_last and batch_size > n:
         batch_size = n
-    make = lambda: ResumableSampler(n, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last)
+
+    def make():
+        return ResumableSampler(n, batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last)
+
     steps = make().steps_per_epoch
     stop = data.draw(st.integers(0, 3 * steps), label="stop")  # mid-epoch and on epoch boundaries
     total = stop + data.draw(st.integers(1, 2 * steps + 1), label="more")

@@ -8,6 +8,7 @@ from fractions import Fraction
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
+
 from verl.reward.answers import (
     gsm8k_answer,
     last_boxed,

@@ -6,6 +6,7 @@ import functools
 
 import pytest
 from omegaconf import OmegaConf
+
 from verl.config.errors import ConfigError
 from verl.reward import functions
 from verl.reward.functions import REWARD_FNS, get_reward_fn, register_reward

@@ -10,13 +10,13 @@ import pytest
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
+
+from tests.fixtures import make_cfg
 from verl.config.errors import ConfigError
 from verl.config.schema import RewardConfig
 from verl.protocol import DataProto
 from verl.reward import RewardFunctionError, RewardManager, make_reward_manager
 from verl.reward.functions import arithmetic
-
-from tests.fixtures import make_cfg
 
 PAD, EOS = 0, 1
 CHARS = " abcdefghijklmnopqrstuvwxyz0123456789+-=#.,{}\\?\n"

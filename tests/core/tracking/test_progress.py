@@ -7,6 +7,7 @@ import io
 import pytest
 import torch
 from rich.console import Console
+
 from verl.tracking.progress import Progress, format_eta
 
 

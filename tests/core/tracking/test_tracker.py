@@ -14,6 +14,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 from rich.console import Console
+
 from verl.config.errors import ConfigError
 from verl.config.schema import TrackingConfig
 from verl.tracking import LOGGERS, Tracker

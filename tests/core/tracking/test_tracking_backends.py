@@ -10,6 +10,7 @@ import urllib.request
 import pytest
 import wandb
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
 from verl.config.errors import ConfigError
 from verl.config.schema import TrackingConfig
 from verl.tracking import Tracker

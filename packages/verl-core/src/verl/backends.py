@@ -96,9 +96,7 @@ def check_backend(
     if name not in known:
         close = difflib.get_close_matches(name, sorted(known), n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""
-        return [
-            ConfigProblem(key, f"unknown {kind} backend '{name}'", f"{hint}known: {', '.join(sorted(known))}")
-        ]
+        return [ConfigProblem(key, f"unknown {kind} backend '{name}'", f"{hint}known: {', '.join(sorted(known))}")]
     spec = installed.get(name)
     if spec is None:
         package = KNOWN_BACKENDS[name][1]

@@ -51,7 +51,9 @@ class EngineConfig:
 class TrainEngine(Protocol):
     """A model being trained (or only evaluated, for the reference) on this worker's shard of the role."""
 
-    def infer(self, batch: DataProto, *, micro_batch_size: int, temperature: float = 1.0, entropy: bool = False) -> DataProto:
+    def infer(
+        self, batch: DataProto, *, micro_batch_size: int, temperature: float = 1.0, entropy: bool = False
+    ) -> DataProto:
         """Per-token log_probs (and entropy) of `responses`, or per-token `values` for a value model."""
 
     def train_step(self, batch: DataProto, loss_fn: LossFn, *, micro_batch_size: int) -> Metrics:

@@ -236,9 +236,7 @@ class DataProto:
             _check_same_keys("non-tensor", list(non_tensor_keys), list(item.non_tensor_batch), i)
             for key, value in item.meta_info.items():
                 if key in meta and not _values_equal(meta[key], value):
-                    raise ValueError(
-                        f"concat: meta_info {key!r} of item {i} ({value!r}) conflicts with {meta[key]!r}"
-                    )
+                    raise ValueError(f"concat: meta_info {key!r} of item {i} ({value!r}) conflicts with {meta[key]!r}")
                 meta.setdefault(key, value)
         tensors = {}
         for key in tensor_keys:
@@ -339,9 +337,7 @@ def _check_lengths(tensors: dict[str, torch.Tensor], non_tensors: dict[str, np.n
             if reference is None:
                 reference = (f"{kind} {key!r}", length)
             elif length != reference[1]:
-                raise ValueError(
-                    f"{kind} {key!r} has length {length}, but {reference[0]} has length {reference[1]}"
-                )
+                raise ValueError(f"{kind} {key!r} has length {length}, but {reference[0]} has length {reference[1]}")
 
 
 def _key_list(keys: str | Iterable[str]) -> list[str]:

@@ -74,7 +74,9 @@ class FSDPEngine:
         return self.rank, self.world_size, True  # FSDP: every rank is its own data-parallel replica
 
     # ---- forward -------------------------------------------------------------------------------------
-    def _forward(self, mb: DataProto, temperature: float, entropy: bool, entropy_grad: bool = True) -> Dict[str, torch.Tensor]:
+    def _forward(
+        self, mb: DataProto, temperature: float, entropy: bool, entropy_grad: bool = True
+    ) -> Dict[str, torch.Tensor]:
         b = mb.batch
         r = b["responses"].shape[1]
         kwargs = dict(
@@ -98,7 +100,9 @@ class FSDPEngine:
             out["entropy"] = entropy_from_logits(logits)
         return out
 
-    def _fused_logprobs(self, kwargs, labels, r: int, temperature: float, entropy_grad: bool) -> Dict[str, torch.Tensor]:
+    def _fused_logprobs(
+        self, kwargs, labels, r: int, temperature: float, entropy_grad: bool
+    ) -> Dict[str, torch.Tensor]:
         """Log-probs and entropy from the final hidden states and the output weight, never holding [B, R, V]
         logits (verl_kernels). The output head is bypassed inside the root forward, so FSDP still gathers its
         weight, and its gradient flows back through the kernel."""
@@ -121,7 +125,9 @@ class FSDPEngine:
         )
         return {"log_probs": log_probs, "entropy": entropy}
 
-    def infer(self, batch: DataProto, *, micro_batch_size: int, temperature: float = 1.0, entropy: bool = False) -> DataProto:
+    def infer(
+        self, batch: DataProto, *, micro_batch_size: int, temperature: float = 1.0, entropy: bool = False
+    ) -> DataProto:
         self.model.eval()
         outs: List[Dict[str, torch.Tensor]] = []
         with torch.no_grad():
@@ -187,9 +193,13 @@ class FSDPEngine:
             yield name, _full(param.detach())
 
     def save_checkpoint(self, path: str) -> None:
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer) if self.optimizer else (
-            get_model_state_dict(self.model),
-            {},
+        model_sd, optim_sd = (
+            get_state_dict(self.model, self.optimizer)
+            if self.optimizer
+            else (
+                get_model_state_dict(self.model),
+                {},
+            )
         )
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
         extra = {"rng": get_rng_state(), "scheduler": self.scheduler.state_dict() if self.scheduler else None}

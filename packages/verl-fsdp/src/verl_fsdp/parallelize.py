@@ -16,7 +16,9 @@ def mixed_precision(device: str, dtype: torch.dtype) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 
-def apply_fsdp(model: torch.nn.Module, mesh: DeviceMesh, *, device: str, dtype: torch.dtype, param_offload: bool) -> None:
+def apply_fsdp(
+    model: torch.nn.Module, mesh: DeviceMesh, *, device: str, dtype: torch.dtype, param_offload: bool
+) -> None:
     """Shard `model` in place over `mesh`."""
     mp = mixed_precision(device, dtype)
     # Parameter offload keeps shards in host memory and streams them in per layer (GPU only: on CPU they already are).

@@ -6,9 +6,7 @@ HF = BackendSpec(
     name="hf", kind="rollout", package="verl-rollout", requires=("transformers",), engine="verl_rollout.hf:HFRollout"
 )
 # vLLM and SGLang are optional extras: their wheels are large and CUDA-specific.
-VLLM = BackendSpec(
-    name="vllm", kind="rollout", package="verl-rollout", requires=("vllm",), extra="verl-rollout[vllm]"
-)
+VLLM = BackendSpec(name="vllm", kind="rollout", package="verl-rollout", requires=("vllm",), extra="verl-rollout[vllm]")
 SGLANG = BackendSpec(
     name="sglang", kind="rollout", package="verl-rollout", requires=("sglang",), extra="verl-rollout[sglang]"
 )

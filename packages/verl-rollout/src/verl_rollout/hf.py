@@ -63,7 +63,11 @@ class HFRollout:
             output_logits=True,
         )
         if sample:
-            kwargs.update(temperature=self.cfg.temperature, top_p=self.cfg.top_p, top_k=self.cfg.top_k if self.cfg.top_k > 0 else 0)
+            kwargs.update(
+                temperature=self.cfg.temperature,
+                top_p=self.cfg.top_p,
+                top_k=self.cfg.top_k if self.cfg.top_k > 0 else 0,
+            )
         return GenerationConfig(**kwargs)
 
     @torch.no_grad()
@@ -77,7 +81,9 @@ class HFRollout:
         was_training = self.module.training
         self.module.eval()
         with self.gather():
-            out = self.module.generate(input_ids=ids, attention_mask=mask, generation_config=self._generation_config(greedy))
+            out = self.module.generate(
+                input_ids=ids, attention_mask=mask, generation_config=self._generation_config(greedy)
+            )
         self.module.train(was_training)
 
         responses = out.sequences[:, p:]

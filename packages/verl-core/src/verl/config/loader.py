@@ -47,7 +47,9 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> DictC
     return cfg
 
 
-def read_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> tuple[DictConfig | None, list[ConfigProblem]]:
+def read_config(
+    path: str | os.PathLike, overrides: Sequence[str] = ()
+) -> tuple[DictConfig | None, list[ConfigProblem]]:
     """Like `load_config`, but returns the problems instead of raising.
 
     The config comes back even with problems (bad keys are left at their defaults) so that a caller

@@ -209,7 +209,9 @@ class PlacementConfig:
 
 @dataclass
 class TrackingConfig:
-    loggers: List[str] = field(default_factory=lambda: ["console"])  # console | jsonl | wandb | tensorboard | prometheus
+    loggers: List[str] = field(
+        default_factory=lambda: ["console"]
+    )  # console | jsonl | wandb | tensorboard | prometheus
     project: str = "verl"
     experiment: str = "run"
     wandb_mode: str = "online"  # online | offline

@@ -6,8 +6,8 @@ processes would buy nothing.
 
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from verl.data.sampler import ResumableSampler
 

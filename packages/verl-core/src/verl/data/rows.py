@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 from collections.abc import Mapping
+from typing import Any
 
 import pyarrow.parquet as pq
 

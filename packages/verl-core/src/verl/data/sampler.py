@@ -7,8 +7,8 @@ recompute what comes next.
 
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import hashlib
 import operator
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa

@@ -13,9 +13,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable, Collection
 
 PREFIX = "embedded:"
 CACHE_ENV = "VERL_CACHE"

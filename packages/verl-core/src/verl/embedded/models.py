@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from collections.abc import Mapping
 
 import torch
 from transformers import (
     AutoModelForCausalLM,
     GenerationConfig,
     LlamaConfig,
-    PreTrainedModel,
     PretrainedConfig,
+    PreTrainedModel,
 )
 
 from verl.embedded.cache import (

@@ -69,7 +69,9 @@ class PPOTrainer:
         self.use_ref = ref_enabled(cfg)
         self.use_critic = critic_enabled(cfg)
         if estimator_needs_values(cfg.algorithm.adv_estimator) and not self.use_critic:
-            raise ValueError(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs values: set critic.enable=true")
+            raise ValueError(
+                f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs values: set critic.enable=true"
+            )
         self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl) if cfg.algorithm.use_kl_in_reward else None
         ckpt_dir = cfg.checkpoint.dir or os.path.join(self.output_dir, "checkpoints")
         self.checkpoints = CheckpointManager(ckpt_dir, keep_last=cfg.checkpoint.keep_last)
@@ -113,8 +115,12 @@ class PPOTrainer:
         b, metrics = batch.batch, {}
         if self.kl_ctrl is not None:
             rewards, kl_metrics = apply_kl_penalty(
-                b["token_level_scores"], b["old_log_probs"], b["ref_log_probs"], b["response_mask"],
-                kl_ctrl=self.kl_ctrl, kind=self.cfg.algorithm.kl_penalty,
+                b["token_level_scores"],
+                b["old_log_probs"],
+                b["ref_log_probs"],
+                b["response_mask"],
+                kl_ctrl=self.kl_ctrl,
+                kind=self.cfg.algorithm.kl_penalty,
             )  # also advances the KL controller
             metrics.update({f"actor/reward_{k}": float(v) for k, v in kl_metrics.items()})
         else:
@@ -191,7 +197,11 @@ class PPOTrainer:
             seq_scores, _ = self.reward(out)
             scores.append(seq_scores.sum(-1))
         s = torch.cat(scores)
-        metrics = {"val/accuracy": float((s > 0).float().mean()), "val/score/mean": float(s.mean()), "val/n": float(len(s))}
+        metrics = {
+            "val/accuracy": float((s > 0).float().mean()),
+            "val/score/mean": float(s.mean()),
+            "val/n": float(len(s)),
+        }
         self.val_history.append({"step": self.step, **metrics})
         return metrics
 

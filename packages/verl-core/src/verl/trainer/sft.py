@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List
+from typing import Dict, List
 
 import torch
 
@@ -71,7 +71,9 @@ class SFTWorker(Worker):
         set_threads(None)
         self.init_distributed("gloo" if self.cfg.device == "cpu" else "nccl")
         c = self.cfg
-        engine_cfg = EngineConfig(model_path=c.model_path, optim=c.optim, total_steps=c.steps, device=c.device, seed=c.seed)
+        engine_cfg = EngineConfig(
+            model_path=c.model_path, optim=c.optim, total_steps=c.steps, device=c.device, seed=c.seed
+        )
         self.engine = load_engine(c.backend, "train")(engine_cfg)
 
     @register(Dispatch.DP_COMPUTE)
@@ -101,7 +103,10 @@ def run_sft(cfg: SFTConfig) -> Dict[str, float]:
             per_rank = group.train_step(engine_batch(loader.next_batch()))
             metrics = per_rank[0] if isinstance(per_rank, list) else per_rank
             if step % cfg.log_every == 0 or step == cfg.steps:
-                print(f"sft step {step}/{cfg.steps}: loss {metrics['loss']:.4f} ({time.perf_counter() - start:.0f} s)", flush=True)
+                print(
+                    f"sft step {step}/{cfg.steps}: loss {metrics['loss']:.4f} ({time.perf_counter() - start:.0f} s)",
+                    flush=True,
+                )
         group.export_hf(cfg.output_dir)
     finally:
         group.shutdown()

@@ -54,15 +54,30 @@ def start_workers(cfg: Any, *, model_path: str, total_steps: int) -> Workers:
     roles = [r for r in ACTOR_SIDE if r in actor_pool.roles]
     resource_pool = pools[actor_pool.name]
     actor_rollout = make_worker_group(
-        mode, resource_pool, ActorRolloutRefWorker, cfg, roles, model_path, total_steps,
-        role="actor_rollout", env=env, resource_fraction=fraction,
+        mode,
+        resource_pool,
+        ActorRolloutRefWorker,
+        cfg,
+        roles,
+        model_path,
+        total_steps,
+        role="actor_rollout",
+        env=env,
+        resource_fraction=fraction,
     )
     critic = None
     if "critic" in by_role:
         critic_pool = resource_pool if shared else pools[by_role["critic"].name]
         critic = make_worker_group(
-            mode, critic_pool, CriticWorker, cfg, model_path, total_steps,
-            role="critic", env=env, resource_fraction=fraction,
+            mode,
+            critic_pool,
+            CriticWorker,
+            cfg,
+            model_path,
+            total_steps,
+            role="critic",
+            env=env,
+            resource_fraction=fraction,
         )
     actor_rollout.init_model()
     if critic is not None:

@@ -7,7 +7,14 @@ import os
 import shutil
 
 # Everything a tokenizer (and generation defaults) is loaded from; weights and config are written anew.
-TOKENIZER_GLOBS = ("tokenizer*", "special_tokens_map.json", "chat_template*", "vocab*", "merges.txt", "generation_config.json")
+TOKENIZER_GLOBS = (
+    "tokenizer*",
+    "special_tokens_map.json",
+    "chat_template*",
+    "vocab*",
+    "merges.txt",
+    "generation_config.json",
+)
 
 
 def copy_tokenizer_files(src: str, dst: str) -> list[str]:

@@ -19,7 +19,9 @@ from verl.workers.losses import actor_loss_fn
 from verl.workers.setup import quiet_libraries, set_threads
 
 
-def run_minibatches(engine: Any, batch: DataProto, *, mini_rows: int, epochs: int, micro_rows: int, loss_fn, **kw) -> Dict[str, float]:
+def run_minibatches(
+    engine: Any, batch: DataProto, *, mini_rows: int, epochs: int, micro_rows: int, loss_fn, **kw
+) -> Dict[str, float]:
     """ppo_epochs passes over `batch` in mini-batches of `mini_rows`, one optimizer step each; mean metrics."""
     sums: Dict[str, float] = {}
     steps = 0
@@ -52,9 +54,13 @@ class ActorRolloutRefWorker(Worker):
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         if "actor" in self.roles:
-            self.actor = train_engine(self.cfg, "actor", model_path=self.model_path, total_steps=self.total_steps, optimize=True)
+            self.actor = train_engine(
+                self.cfg, "actor", model_path=self.model_path, total_steps=self.total_steps, optimize=True
+            )
         if "rollout" in self.roles:
-            self.rollout = rollout_engine(self.cfg, model_path=self.model_path, tokenizer=self.tokenizer, actor=self.actor)
+            self.rollout = rollout_engine(
+                self.cfg, model_path=self.model_path, tokenizer=self.tokenizer, actor=self.actor
+            )
         if "ref" in self.roles:
             self.ref = train_engine(self.cfg, "ref", model_path=self.model_path, total_steps=1, optimize=False)
         engine = self.actor or self.ref

@@ -22,7 +22,9 @@ class CriticWorker(Worker):
         quiet_libraries()
         set_threads(None)
         self.init_distributed("gloo" if self.cfg.placement.device == "cpu" else "nccl")
-        self.engine = train_engine(self.cfg, "critic", model_path=self.model_path, total_steps=self.total_steps, optimize=True)
+        self.engine = train_engine(
+            self.cfg, "critic", model_path=self.model_path, total_steps=self.total_steps, optimize=True
+        )
         self.set_dispatch_info(*self.engine.data_parallel_info())
 
     @register(Dispatch.DP_COMPUTE)

@@ -41,7 +41,9 @@ def actor_loss_fn(actor_cfg) -> LossFn:
             if actor_cfg.entropy_coeff:
                 loss = loss - actor_cfg.entropy_coeff * entropy
         if actor_cfg.use_kl_loss:
-            kl = agg_loss(kl_penalty(log_prob, b["ref_log_probs"], actor_cfg.kl_loss_type), mask, actor_cfg.loss_agg_mode)
+            kl = agg_loss(
+                kl_penalty(log_prob, b["ref_log_probs"], actor_cfg.kl_loss_type), mask, actor_cfg.loss_agg_mode
+            )
             loss = loss + actor_cfg.kl_loss_coef * kl
             metrics["kl_loss"] = _num(kl)
         return loss, metrics
