@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
-
 from omegaconf import DictConfig
 
 from verl.config.loader import load_config
@@ -12,9 +10,9 @@ from verl.config.loader import load_config
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
 
-def tiny_config(recipe: str, out_dir: str, *overrides: str, steps: int = 2) -> DictConfig:
-    """recipes/<recipe>.yaml with a random (un-warm-started) model, 4 prompts a step and no validation."""
-    base: Sequence[str] = (
+def tiny_overrides(out_dir: str, steps: int = 2) -> tuple[str, ...]:
+    """A random (un-warm-started) model, 4 prompts a step, no validation, metrics to jsonl only."""
+    return (
         f"trainer.total_steps={steps}",
         f"trainer.output_dir={out_dir}",
         "trainer.val_every=0",
@@ -25,4 +23,8 @@ def tiny_config(recipe: str, out_dir: str, *overrides: str, steps: int = 2) -> D
         "actor.ppo_micro_batch_size_per_device=4",
         "tracking.loggers=[jsonl]",
     )
-    return load_config(RECIPES / f"{recipe}.yaml", [*base, *overrides])
+
+
+def tiny_config(recipe: str, out_dir: str, *overrides: str, steps: int = 2) -> DictConfig:
+    """recipes/<recipe>.yaml shrunk by `tiny_overrides`, then `overrides`."""
+    return load_config(RECIPES / f"{recipe}.yaml", [*tiny_overrides(out_dir, steps), *overrides])

@@ -17,21 +17,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from tests.trainer.run_configs import RECIPES
+from tests.trainer.run_configs import RECIPES, tiny_overrides
 
-OVERRIDES = (
+EXTRA = (
     "trainer.controller=local",
-    "trainer.total_steps=6",
-    "trainer.val_every=0",
-    "trainer.val_before_train=false",
-    "model.warm_start=null",
-    "data.train_batch_size=4",
-    "actor.ppo_mini_batch_size=2",
-    "actor.ppo_micro_batch_size_per_device=4",
     "rollout.n=4",
     "checkpoint.save_every=3",
     "checkpoint.save_hf=true",
-    "tracking.loggers=[jsonl]",
 )
 
 
@@ -42,8 +34,8 @@ def _cmd(out: Path) -> list[str]:
         "verl.cli",
         "train",
         str(RECIPES / "grpo_tiny.yaml"),
-        *OVERRIDES,
-        f"trainer.output_dir={out}",
+        *tiny_overrides(str(out), steps=6),
+        *EXTRA,
     ]
 
 
