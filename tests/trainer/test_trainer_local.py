@@ -65,3 +65,43 @@ def test_ppo_with_critic_reference_and_kl_in_reward(tmp_path):
         assert key in row, key
     ckpt = tmp_path / "checkpoints" / "step_2"
     assert (ckpt / "actor").is_dir() and (ckpt / "critic").is_dir()
+
+
+def _parity(prompt, response, ground_truth, extra):
+    """A reward with spread on a random model: 1 for responses of odd length."""
+    return float(len(response) % 2)
+
+
+def test_dapo_dynamic_sampling_and_overlong_penalty(tmp_path):
+    cfg = tiny_config(
+        "grpo_tiny",
+        str(tmp_path),
+        "trainer.controller=local",
+        "rollout.n=4",
+        "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.max_num_gen_batches=8",
+        "algorithm.overlong_buffer.enable=true",
+        "algorithm.overlong_buffer.len=4",
+        "actor.clip_ratio_high=0.28",
+    )
+    trainer = PPOTrainer(cfg, reward_fn=_parity)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    row = _metrics(tmp_path)[-1]
+    assert row["actor/kept_groups"] == 4  # data.train_batch_size groups survive, after enough rollout batches
+    assert row["actor/gen_batches"] >= 1 and row["actor/filtered_groups"] >= 0
+    assert row["reward/overlong_penalty_mean"] <= 0
+
+
+def test_remax_gets_greedy_baselines(tmp_path):
+    cfg = tiny_config(
+        "grpo_tiny", str(tmp_path), "trainer.controller=local", "algorithm.adv_estimator=remax", "rollout.n=2"
+    )
+    trainer = PPOTrainer(cfg, reward_fn=_parity)
+    try:
+        summary = trainer.fit()
+    finally:
+        trainer.close()
+    assert summary["steps"] == 2 and "actor/pg_loss" in _metrics(tmp_path)[-1]

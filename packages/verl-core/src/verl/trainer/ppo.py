@@ -10,15 +10,23 @@ The loop is plain sequential Python in the driver; workers do the heavy work. Ev
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from verl.algos import apply_kl_penalty, compute_advantages, estimator_needs_values, load_plugins, make_kl_controller
+from verl.algos import (
+    apply_kl_penalty,
+    compute_advantages,
+    estimator_needs_values,
+    estimator_requires,
+    load_plugins,
+    make_kl_controller,
+)
 from verl.algos.metrics import data_metrics
 from verl.controller import init_ray, shutdown_ray
 from verl.data.build import make_rl_dataloaders
@@ -27,6 +35,7 @@ from verl.protocol import DataProto
 from verl.reward import make_reward_manager
 from verl.tracking import Progress, Tracker
 from verl.trainer.checkpoint import CheckpointManager
+from verl.trainer.shaping import add_overlong_penalty, first_groups, informative_groups
 from verl.trainer.timer import StageTimer
 from verl.trainer.warm_start import prepare_model
 from verl.trainer.workers import start_workers
@@ -82,7 +91,9 @@ class PPOTrainer:
         )
         self.workers = start_workers(cfg, model_path=self.model_path, total_steps=self.optimizer_steps())
         self.dp = self.workers.actor_rollout.world_size
+        self.max_response_length = cfg.rollout.max_new_tokens or cfg.data.max_response_length
         self.step = 0
+        self.rollouts = 0  # generate() calls: part of every uid, so groups of different batches never merge
         self.val_history: List[Dict[str, float]] = []
 
     def optimizer_steps(self) -> int:
@@ -94,14 +105,60 @@ class PPOTrainer:
     # ---- the stages of one step ---------------------------------------------------------------------
     def generate(self, prompts: DataProto) -> DataProto:
         # One uid per prompt: group estimators (GRPO, RLOO) compare the samples that share it.
-        prompts.non_tensor_batch["uid"] = np.array([f"{self.step}-{i}" for i in range(len(prompts))], dtype=object)
+        self.rollouts += 1
+        uids = [f"{self.step}-{self.rollouts}-{i}" for i in range(len(prompts))]
+        prompts.non_tensor_batch["uid"] = np.array(uids, dtype=object)
         prompts.meta_info.update(n=self.cfg.rollout.n, greedy=False)
-        return self.workers.actor_rollout.generate(prompts)
+        batch = self.workers.actor_rollout.generate(prompts)
+        if "reward_baselines" in estimator_requires(self.cfg.algorithm.adv_estimator):
+            batch.batch["reward_baselines"] = self.greedy_baselines(prompts)
+        return batch
+
+    def greedy_baselines(self, prompts: DataProto) -> torch.Tensor:
+        """ReMax's baseline: the reward of each prompt's greedy response, repeated for its n samples."""
+        greedy = DataProto.from_dict(
+            dict(prompts.batch.items()), dict(prompts.non_tensor_batch), {"n": 1, "greedy": True}
+        )
+        scores, _ = self.reward(self.workers.actor_rollout.generate(greedy))
+        return scores.sum(-1).repeat_interleave(self.cfg.rollout.n)
 
     def score(self, batch: DataProto) -> Dict[str, float]:
         scores, metrics = self.reward(batch)
         batch.batch["token_level_scores"] = scores
+        overlong = self.cfg.algorithm.overlong_buffer
+        if overlong.enable:
+            metrics["reward/overlong_penalty_mean"] = add_overlong_penalty(batch, overlong, self.max_response_length)
         return metrics
+
+    def dynamic_sampling(self, batch: DataProto) -> Tuple[DataProto, Dict[str, float]]:
+        """DAPO: keep only prompt groups whose rewards differ, generating more batches until
+        data.train_batch_size groups are kept (or filter_groups.max_num_gen_batches is reached)."""
+        fg, n, want = self.cfg.algorithm.filter_groups, self.cfg.rollout.n, self.cfg.data.train_batch_size
+        parts, dropped, tries = [], 0, 1
+        while True:
+            kept, d = informative_groups(batch, fg.metric)
+            parts.append(kept)
+            dropped += d
+            have = sum(len(p) for p in parts) // n
+            if have >= want or (fg.max_num_gen_batches and tries >= fg.max_num_gen_batches):
+                break
+            batch = self.generate(self.train_loader.next_batch())
+            self.score(batch)
+            tries += 1
+        # Whole groups, and a number of rows every data-parallel rank can split evenly.
+        groups = min(have, want)
+        groups -= groups % max(1, self.dp // math.gcd(self.dp, n))
+        if groups == 0:
+            raise RuntimeError(
+                f"dynamic sampling kept no prompt group with differing rewards in {tries} rollout batches "
+                "(algorithm.filter_groups): raise max_num_gen_batches, or check the reward function"
+            )
+        metrics = {
+            "actor/filtered_groups": float(dropped),
+            "actor/gen_batches": float(tries),
+            "actor/kept_groups": float(groups),
+        }
+        return first_groups(parts, n, groups), metrics
 
     def compute_log_probs(self, batch: DataProto) -> DataProto:
         batch = batch.union(self.workers.actor_rollout.compute_log_prob(batch))
@@ -133,6 +190,7 @@ class PPOTrainer:
             config=self.cfg.algorithm,
             index=batch.non_tensor_batch["uid"],
             values=b["values"] if "values" in b.keys() else None,
+            reward_baselines=b["reward_baselines"] if "reward_baselines" in b.keys() else None,
         )
         return metrics
 
@@ -158,6 +216,10 @@ class PPOTrainer:
             batch = self.generate(prompts)
         with timer("reward"):
             metrics = self.score(batch)
+        if self.cfg.algorithm.filter_groups.enable:
+            with timer("gen"):
+                batch, sampling_metrics = self.dynamic_sampling(batch)
+            metrics.update(sampling_metrics)
         with timer("log_probs"):
             batch = self.compute_log_probs(batch)
         with timer("adv"):
