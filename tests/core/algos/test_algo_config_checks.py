@@ -116,3 +116,16 @@ def test_group_size_warning_follows_the_registry():
         make_cfg({"algorithm": {"adv_estimator": "reinforce_plus_plus"}, "rollout": {"n": 1}}), strict=False
     )
     assert not any(p.key == "rollout.n" for p in problems)
+
+
+@pytest.mark.parametrize(
+    "key, switch", [("algorithm.kl_penalty", "algorithm.use_kl_in_reward"), ("actor.kl_loss_type", "actor.use_kl_loss")]
+)
+def test_full_kl_is_refused_in_a_run(key, switch):
+    section, name = key.split(".")
+    s_section, s_name = switch.split(".")
+    cfg = make_cfg({section: {name: "full"}}, {s_section: {s_name: True}})
+    problems = [p for p in validate(cfg, installed=None) if p.key == key]
+    assert problems and "low_var_kl" in problems[0].fix
+    off = make_cfg({section: {name: "full"}})  # not used: no problem
+    assert not [p for p in validate(off, installed=None) if p.key == key and p.severity == "error"]

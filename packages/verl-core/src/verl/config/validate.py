@@ -597,6 +597,24 @@ def check_kl_controller(ctx: Context) -> List[ConfigProblem]:
     return problems
 
 
+def check_full_kl(ctx: Context) -> List[ConfigProblem]:
+    """The `full` KL estimator needs full-vocabulary log-probs; the trainer passes per-token ones."""
+    problems = []
+    for key, used in (
+        ("algorithm.kl_penalty", "algorithm.use_kl_in_reward"),
+        ("actor.kl_loss_type", "actor.use_kl_loss"),
+    ):
+        if value(ctx.cfg, used) and value(ctx.cfg, key) == "full":
+            problems.append(
+                _error(
+                    key,
+                    "'full' needs the full-vocabulary distributions, which a training run does not keep",
+                    f"set {key} to low_var_kl (k3), k1, abs or mse",
+                )
+            )
+    return problems
+
+
 def check_dapo(ctx: Context) -> List[ConfigProblem]:
     cfg, problems = ctx.cfg, []
     if value(cfg, "algorithm.overlong_buffer.enable"):
@@ -672,6 +690,7 @@ CHECKS: Sequence[Check] = (
     check_registry_names,
     check_policy_loss,
     check_kl_controller,
+    check_full_kl,
     check_dapo,
 )
 
