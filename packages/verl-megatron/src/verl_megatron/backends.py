@@ -3,6 +3,10 @@
 from verl.backends import BackendSpec
 
 MEGATRON = BackendSpec(
-    name="megatron", kind="train", package="verl-megatron", requires=("megatron.core", "transformers")
+    name="megatron",
+    kind="train",
+    package="verl-megatron",
+    requires=("megatron.core", "transformers"),
+    engine="verl_megatron.engine:MegatronEngine",
 )
 BACKENDS = (MEGATRON,)

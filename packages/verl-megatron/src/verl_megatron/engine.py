@@ -1,0 +1,469 @@
+"""The megatron-core train engine: a Hugging Face Llama/Qwen model as megatron GPT chunks over TP x PP (x VPP) x DP.
+
+One instance per worker process, with torch.distributed initialised over the role's ranks. Forward and backward
+run through megatron's pipeline schedules (`get_forward_backward_func`) in micro-batches; gradients go through
+megatron's DDP and the distributed optimizer. Log-probs and entropy come from the last stage's hidden states and
+this rank's vocab-parallel shard of the output weight (two small all-reduces; no full-vocabulary logits).
+Weights enter from HF safetensors and leave as HF tensors (streamed one at a time) or an HF folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from verl.engine import EngineConfig, LossFn, Metrics
+from verl.protocol import DataProto
+from verl.utils.lr_schedule import lr_multiplier
+from verl.utils.rng import get_rng_state, set_rng_state
+
+from verl_megatron import cpu_compat
+from verl_megatron.convert import PipelineSplit, SafetensorsFolder, dims_of, plan
+from verl_megatron.hf_config import DTYPES
+from verl_megatron.parallel import init_model_parallel
+from verl_megatron.sequences import pack, take
+from verl_megatron.weights import SyncStats, generation_groups, hf_shapes, load_hf, stream_hf, unwrap
+
+CHECKPOINT_META = "verl_megatron.json"
+
+
+def load_hf_config(model_path: str, override: Dict[str, Any]) -> Any:
+    from transformers import AutoConfig
+
+    hf_config = AutoConfig.from_pretrained(model_path)
+    for key, value in override.items():
+        if not hasattr(hf_config, key):
+            raise ValueError(f"model.override_config.{key}: {type(hf_config).__name__} has no attribute '{key}'")
+        setattr(hf_config, key, value)
+    return hf_config
+
+
+class MegatronEngine:
+    def __init__(self, cfg: EngineConfig, *, weights_from: str = "hf"):
+        """weights_from: "hf" loads cfg.model_path's safetensors; "checkpoint" leaves the weights for
+        load_checkpoint (cfg.model_path then only needs config.json)."""
+        if not dist.is_initialized():
+            raise RuntimeError("MegatronEngine needs torch.distributed initialised (the worker's init_distributed)")
+        if cfg.dtype not in DTYPES:
+            raise ValueError(f"model.dtype '{cfg.dtype}' is not one of {', '.join(DTYPES)}")
+        if weights_from not in ("hf", "checkpoint"):
+            raise ValueError(f"weights_from must be 'hf' or 'checkpoint', got {weights_from!r}")
+        if cfg.device == "cpu":
+            cpu_compat.apply(force=True)
+        from verl_megatron.model import build_chunks, transformer_config, transformer_engine_available
+
+        self.cfg = cfg
+        self.device = torch.device("cpu") if cfg.device == "cpu" else torch.device("cuda", torch.cuda.current_device())
+        # CPU runs compute in float32 (as the FSDP engine does): bf16 matmuls on CPU are slow and blur parity.
+        self.dtype = torch.float32 if cfg.device == "cpu" else DTYPES[cfg.dtype]
+        self.hf_config = load_hf_config(cfg.model_path, dict(cfg.override_config))
+        self.layout = layout = init_model_parallel(cfg.parallel, cfg.seed)
+        if layout.cp > 1:
+            raise ValueError(
+                f"parallel.cp={layout.cp}: this engine version does not split sequences over context-parallel "
+                "ranks yet; set parallel.cp=1"
+            )
+        self.te = transformer_engine_available(cfg.device)
+        self.config = transformer_config(
+            self.hf_config,
+            layout,
+            dtype=self.dtype,
+            device=cfg.device,
+            gradient_checkpointing=cfg.gradient_checkpointing,
+            overrides={"perform_initialization": weights_from == "hf"},
+        )
+        chunks = build_chunks(self.hf_config, self.config, layout, kind=cfg.kind, te=self.te, seed=cfg.seed)
+        self.dims = dims_of(self.hf_config, layout.tp)
+        split = PipelineSplit(self.hf_config.num_hidden_layers, layout.pp, layout.chunks)
+        self.placements = plan(self.hf_config, split, kind=cfg.kind, te=self.te)
+        self.fresh: List[str] = []  # HF tensors not in model_path (a critic's new value head)
+        if weights_from == "hf":
+            folder = SafetensorsFolder(cfg.model_path)
+            optional = ("score.weight", "score.bias") if cfg.kind == "value" else ()
+            self.fresh = load_hf(chunks, self.placements, folder.get, layout, self.dims, optional=optional)
+        self._shapes: Optional[Dict[str, torch.Size]] = None
+        self._gen_groups: Dict[int, Any] = {}
+        self.last_sync = SyncStats()
+        self.optimizer = None
+        self.steps = 0  # optimizer steps taken (the LR schedule's position)
+        if cfg.optim is not None:
+            chunks = self._wrap_ddp(chunks)
+            self.optimizer = self._build_optimizer(chunks)
+        self.chunks = chunks
+
+    # ---- setup -----------------------------------------------------------------------------------------
+    def _wrap_ddp(self, chunks: List[torch.nn.Module]) -> List[torch.nn.Module]:
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
+
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True
+        )
+        wrapped = [
+            DistributedDataParallel(self.config, ddp_config, chunk, disable_bucketing=i > 0)
+            for i, chunk in enumerate(chunks)
+        ]
+        # The pipeline schedules sync gradients once, after the last micro-batch (what FSDP's
+        # set_requires_gradient_sync does), then finalize (DP reduce-scatter, tied-embedding all-reduce).
+        self.config.no_sync_func = [w.no_sync for w in wrapped] if len(wrapped) > 1 else wrapped[0].no_sync
+        self.config.finalize_model_grads_func = finalize_model_grads
+        return wrapped
+
+    def _build_optimizer(self, chunks: List[torch.nn.Module]):
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        o = self.cfg.optim
+        betas = tuple(o.betas)
+        config = OptimizerConfig(
+            optimizer="adam",
+            lr=o.lr,
+            weight_decay=o.weight_decay,
+            adam_beta1=betas[0],
+            adam_beta2=betas[1],
+            adam_eps=o.eps,
+            clip_grad=o.grad_clip,
+            use_distributed_optimizer=True,
+            params_dtype=self.dtype,
+            bf16=self.dtype == torch.bfloat16,
+            fp16=False,
+        )
+        return get_megatron_optimizer(config, chunks)
+
+    def data_parallel_info(self) -> Tuple[int, int, bool]:
+        return self.layout.dp_rank, self.layout.dp, self.layout.collect
+
+    # ---- forward ---------------------------------------------------------------------------------------
+    def _micro_batches(self, batch: DataProto, micro_batch_size: int) -> List[DataProto]:
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        micro = batch.split(micro_batch_size)
+        if self.layout.vpp and len(micro) < self.layout.pp:
+            # The interleaved schedule needs at least pp micro-batches: split finer.
+            size = max(1, len(batch) // self.layout.pp)
+            micro = batch.split(size)
+        return micro
+
+    def _outputs(
+        self,
+        model: torch.nn.Module,
+        hidden: torch.Tensor,
+        mb: Dict[str, Any],
+        temperature: float,
+        entropy: bool,
+        grad: bool,
+    ) -> Dict[str, torch.Tensor]:
+        """Per-token outputs aligned with `responses` from the last stage's hidden states [b, s, h]."""
+        from megatron.core import parallel_state as mpu
+        from verl_kernels import vocab_parallel_linear_logprob_entropy
+
+        h = take(hidden, mb["predict_index"])
+        gpt = unwrap(model)
+        if gpt.value_head is not None:
+            return {"values": gpt.value_head(h).squeeze(-1).float()}
+        weight = gpt.output_weight()
+        rows = weight.shape[0]
+        vocab_start = self.layout.tp_rank * rows
+        real = max(0, min(rows, self.dims.vocab_size - vocab_start))  # padded rows are not part of the vocabulary
+        log_probs, ent = vocab_parallel_linear_logprob_entropy(
+            h,
+            weight[:real],
+            mb["labels"],
+            vocab_start=vocab_start,
+            group=mpu.get_tensor_model_parallel_group(),
+            temperature=temperature,
+            entropy_grad=grad and entropy,
+            impl=self.cfg.fused_kernel_impl if self.cfg.use_fused_kernels else "chunked",
+        )
+        out = {"log_probs": log_probs.float()}
+        if entropy:
+            out["entropy"] = ent.float()
+        return out
+
+    def _run(
+        self,
+        micro: List[DataProto],
+        *,
+        forward_only: bool,
+        temperature: float,
+        entropy: bool,
+        on_outputs: Callable[[Dict[str, torch.Tensor], DataProto, int], Optional[torch.Tensor]],
+    ) -> None:
+        """Run every micro-batch through megatron's schedule; the last stage calls on_outputs(outputs, mb, i),
+        whose returned loss (None: no backward) is what the schedule differentiates."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        packed = []
+        for mb in micro:
+            b = mb.batch
+            p = pack(b["input_ids"], b["attention_mask"], b["responses"])
+            packed.append(
+                {
+                    "input_ids": p.input_ids.to(self.device),
+                    "position_ids": p.position_ids.to(self.device),
+                    "predict_index": p.predict_index.to(self.device),
+                    "labels": p.labels.to(self.device),
+                }
+            )
+        n = len(micro)
+
+        def forward_step(data_iterator, model):
+            i, mb = next(data_iterator)
+            out = model(mb["input_ids"], mb["position_ids"], None)
+
+            def loss_func(hidden: torch.Tensor):
+                outputs = self._outputs(model, hidden, mb, temperature, entropy, grad=not forward_only)
+                loss = on_outputs(outputs, micro[i], i)
+                if loss is None:
+                    return torch.zeros((), device=hidden.device), {}
+                # The schedule divides by the number of micro-batches; on_outputs already weighted the loss.
+                return loss * n, {}
+
+            return out, loss_func
+
+        iterators = [iter(list(enumerate(packed))) for _ in self.chunks]
+        seq = packed[0]["input_ids"].shape[1]
+        get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iterators if len(iterators) > 1 else iterators[0],
+            model=self.chunks if len(self.chunks) > 1 else self.chunks[0],
+            num_microbatches=n,
+            seq_length=seq,
+            micro_batch_size=len(micro[0]),
+            forward_only=forward_only,
+        )
+
+    def _from_last_stage(self, obj: Any) -> Any:
+        """An object computed on the last pipeline stage, on every stage (small: metrics, per-token outputs)."""
+        if self.layout.pp == 1:
+            return obj
+        from megatron.core import parallel_state as mpu
+
+        group = mpu.get_pipeline_model_parallel_group()
+        box = [obj]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(group, self.layout.pp - 1), group=group)
+        return box[0]
+
+    def infer(
+        self, batch: DataProto, *, micro_batch_size: int, temperature: float = 1.0, entropy: bool = False
+    ) -> DataProto:
+        for c in self.chunks:
+            c.eval()
+        outs: List[Dict[str, torch.Tensor]] = []
+
+        def keep(outputs: Dict[str, torch.Tensor], mb: DataProto, i: int) -> None:
+            outs.append({k: v.detach().cpu() for k, v in outputs.items()})
+            return None
+
+        with torch.no_grad():
+            self._run(
+                self._micro_batches(batch, micro_batch_size),
+                forward_only=True,
+                temperature=temperature,
+                entropy=entropy,
+                on_outputs=keep,
+            )
+        merged = {k: torch.cat([o[k] for o in outs]) for k in outs[0]} if outs else None
+        return DataProto.from_dict(self._from_last_stage(merged))
+
+    # ---- training --------------------------------------------------------------------------------------
+    def train_step(
+        self,
+        batch: DataProto,
+        loss_fn: LossFn,
+        *,
+        micro_batch_size: int,
+        temperature: float = 1.0,
+        entropy: bool = False,
+    ) -> Metrics:
+        """Accumulate gradients over micro-batches of `batch` (each weighted by its share of the rows), clip, step."""
+        if self.optimizer is None:
+            raise RuntimeError("this engine was built without an optimizer (inference only)")
+        for c in self.chunks:
+            c.train()
+            c.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        totals: Dict[str, float] = {}
+
+        def weighted_loss(outputs: Dict[str, torch.Tensor], mb: DataProto, i: int) -> torch.Tensor:
+            loss, metrics = loss_fn(outputs, mb)
+            share = len(mb) / len(batch)
+            for k, v in metrics.items():
+                totals[k] = totals.get(k, 0.0) + float(v) * share
+            return loss * share
+
+        self._run(
+            self._micro_batches(batch, micro_batch_size),
+            forward_only=False,
+            temperature=temperature,
+            entropy=entropy,
+            on_outputs=weighted_loss,
+        )
+        lr = self._set_lr()
+        grad_norm, stepped = self._optimizer_step()
+        self.steps += 1
+        totals = self._from_last_stage(totals)
+        if not stepped:
+            totals["skipped_steps"] = 1.0
+        return {**totals, "grad_norm": grad_norm, "lr": lr}
+
+    def _set_lr(self) -> float:
+        o = self.cfg.optim
+        lr = o.lr * lr_multiplier(
+            self.steps,
+            warmup_steps=o.warmup_steps,
+            total_steps=self.cfg.total_steps,
+            scheduler=o.scheduler,
+            min_lr_ratio=o.min_lr_ratio,
+        )
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def _optimizer_step(self) -> Tuple[float, bool]:
+        """Megatron's step (gradients to main params, global norm over TP/PP/DP, clip, update, param all-gather),
+        except that a non-finite gradient norm skips the update instead of poisoning the weights."""
+        from megatron.core.optimizer import clip_grads
+
+        opt = self.optimizer
+        opt.prepare_grads()
+        grad_norm = float(opt.get_grad_norm())
+        if not torch.isfinite(torch.tensor(grad_norm)):
+            return grad_norm, False
+        for inner in getattr(opt, "chained_optimizers", [opt]):
+            params = inner.get_parameters()
+            if params and inner.config.clip_grad > 0.0:
+                clip_grads.clip_grad_by_total_norm_fp32(params, max_norm=inner.config.clip_grad, total_norm=grad_norm)
+        opt.step_with_ready_grads()
+        return grad_norm, True
+
+    # ---- weights -----------------------------------------------------------------------------------------
+    def _hf_shapes(self) -> Dict[str, torch.Size]:
+        if self._shapes is None:
+            self._shapes = hf_shapes(self.hf_config, self.cfg.kind)
+        return self._shapes
+
+    def weights(self, gen_tp: int = 1) -> Iterator[Tuple[str, torch.Tensor]]:
+        """Full parameters (gen_tp=1), or this rank's shard for a generation engine with tensor parallelism
+        gen_tp, one HF tensor at a time; collective: every rank of the role must consume the iterator fully."""
+        if gen_tp not in self._gen_groups:
+            self._gen_groups[gen_tp] = generation_groups(self.layout, gen_tp)
+        self.last_sync = SyncStats()
+        return stream_hf(
+            self.chunks,
+            self.placements,
+            self.layout,
+            self.dims,
+            self._hf_shapes(),
+            dtype=self.dtype,
+            gen=self._gen_groups[gen_tp],
+            stats=self.last_sync,
+        )
+
+    def generation_dispatch_info(self, gen_tp: int) -> Tuple[int, int, bool]:
+        """(dp_rank, dp_size, collect) of this rank as a generation replica under tensor parallelism gen_tp.
+
+        Each micro data-parallel group (tp/gen_tp consecutive TP ranks) becomes that many generation replicas, so
+        generation has dp * tp / gen_tp replicas; a replica's tp rank 0 of the last stage returns its results.
+        """
+        if gen_tp < 1 or self.layout.tp % gen_tp:
+            raise ValueError(f"rollout tensor parallelism {gen_tp} must divide the actor's tp={self.layout.tp}")
+        m = self.layout.tp // gen_tp
+        lay = self.layout
+        # Replicas: pp stages each run generation too (every rank holds the full weights after a sync).
+        replica = (lay.tp_rank % m) + m * (lay.dp_rank + lay.dp * lay.pp_rank)
+        return replica, m * lay.dp * lay.pp, lay.tp_rank // m == 0
+
+    # ---- checkpoints --------------------------------------------------------------------------------------
+    def _sharded_state(self, loading: bool) -> Dict[str, Any]:
+        # Fully reshardable: a run may resume (or export) with a different TP / PP / DP layout.
+        meta = {"distrib_optim_sharding_type": "fully_reshardable"}
+        state: Dict[str, Any] = {
+            f"model{i}": unwrap(c).sharded_state_dict(metadata=meta) for i, c in enumerate(self.chunks)
+        }
+        if self.optimizer is not None:  # matched to the model's sharded tensors by parameter
+            state["optimizer"] = self.optimizer.sharded_state_dict(state, is_loading=loading, metadata=meta)
+        return state
+
+    def save_checkpoint(self, path: str) -> None:
+        from verl_megatron import checkpoint
+
+        os.makedirs(path, exist_ok=True)
+        dist.barrier()
+        checkpoint.save(self._sharded_state(loading=False), path)
+        extra = {"rng": get_rng_state(), "steps": self.steps}
+        torch.save(extra, os.path.join(path, f"extra_rank{dist.get_rank()}.pt"))
+        if dist.get_rank() == 0:
+            self._write_meta(path)
+        dist.barrier()
+
+    def _write_meta(self, path: str) -> None:
+        """What `verl export` needs to turn this checkpoint into an HF folder without the training job."""
+        from verl.utils.hf_files import copy_tokenizer_files
+
+        hf_dir = os.path.join(path, "hf_config")
+        os.makedirs(hf_dir, exist_ok=True)
+        self.hf_config.save_pretrained(hf_dir)
+        copy_tokenizer_files(self.cfg.model_path, hf_dir)
+        with open(os.path.join(path, CHECKPOINT_META), "w") as f:
+            json.dump({"backend": "megatron", "kind": self.cfg.kind, "format": "megatron-dist-checkpoint"}, f)
+
+    def load_checkpoint(self, path: str, *, model_only: bool = False) -> None:
+        """Restore a checkpoint of this engine (saved at any TP/PP); model_only: weights alone (export)."""
+        from verl_megatron import checkpoint
+
+        state = self._sharded_state(loading=True)
+        if model_only:
+            state.pop("optimizer", None)
+        state = checkpoint.load(state, path)
+        for i, c in enumerate(self.chunks):
+            unwrap(c).load_state_dict(state[f"model{i}"])
+        if model_only:
+            return
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        extra = torch.load(os.path.join(path, f"extra_rank{dist.get_rank()}.pt"), weights_only=False)
+        self.steps = extra["steps"]
+        set_rng_state(extra["rng"])
+
+    def export_hf(self, path: str) -> None:
+        """Rank 0 writes safetensors + config + tokenizer (and generation config) to `path`; collective."""
+        from verl_megatron.export import write_hf_folder
+
+        stream = self.weights()
+        if dist.get_rank() == 0:
+            write_hf_folder(stream, path, self.hf_config, kind=self.cfg.kind, tokenizer_from=self.cfg.model_path)
+        else:
+            for _ in stream:  # every rank takes part in the gathers
+                pass
+        dist.barrier()
+
+    # ---- memory ------------------------------------------------------------------------------------------
+    def offload(self) -> None:
+        """Move parameters, gradient buffers and optimizer state to host memory between phases (GPU only)."""
+        if self.device.type == "cpu":
+            return
+        for c in self.chunks:
+            for buffer in getattr(c, "buffers", []):
+                buffer.offload_to_cpu(move_params=True, move_grads=True)
+            if not hasattr(c, "buffers"):
+                c.to("cpu")
+        if self.optimizer is not None:
+            self.optimizer.offload_to_cpu()
+        torch.cuda.empty_cache()
+
+    def onload(self) -> None:
+        if self.device.type == "cpu":
+            return
+        for c in self.chunks:
+            for buffer in getattr(c, "buffers", []):
+                buffer.reload_from_cpu(move_params=True, move_grads=True)
+            if not hasattr(c, "buffers"):
+                c.to(self.device)
+        if self.optimizer is not None:
+            self.optimizer.restore_from_cpu()

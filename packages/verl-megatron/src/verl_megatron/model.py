@@ -1,0 +1,153 @@
+"""Build this rank's megatron-core GPT model chunks from a Hugging Face config.
+
+A chunk is a `GPTHidden`: megatron's GPTModel whose last pipeline stage returns the final hidden states
+instead of logits. The engine turns hidden states into log-probs with the vocab-parallel output weight shard
+(no full-vocabulary logits), or into values with a scalar head (`kind="value"`, HF's `score` head).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any, Dict, List, Optional
+
+import torch
+from megatron.core.models.gpt import GPTModel
+from megatron.core.transformer import TransformerConfig
+from megatron.core.transformer.module import MegatronModule
+
+from verl_megatron.hf_config import gpt_model_kwargs, transformer_config_kwargs
+from verl_megatron.parallel import Layout
+
+KINDS = ("causal_lm", "value")
+
+
+def transformer_engine_available(device: str) -> bool:
+    """TransformerEngine layers are used on GPU when the package is installed; CPU runs use megatron's own."""
+    return device != "cpu" and importlib.util.find_spec("transformer_engine") is not None
+
+
+def layer_spec(hf_config: Any, te: bool):
+    """megatron's GPT layer spec: TransformerEngine's fused layers, or the local (pure torch) ones."""
+    qk_norm = transformer_config_kwargs(hf_config)["qk_layernorm"]
+    if te:
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_norm)
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    return get_gpt_layer_local_spec(qk_layernorm=qk_norm, normalization="RMSNorm")
+
+
+def transformer_config(
+    hf_config: Any,
+    layout: Layout,
+    *,
+    dtype: torch.dtype,
+    device: str,
+    gradient_checkpointing: bool = False,
+    overrides: Optional[Dict[str, Any]] = None,
+) -> TransformerConfig:
+    """Model shape from the HF config; parallel sizes from the layout; fusions only where their kernels exist."""
+    on_gpu = device != "cpu"
+    kwargs = transformer_config_kwargs(hf_config)
+    kwargs.update(
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=layout.vpp,
+        context_parallel_size=layout.cp,
+        expert_model_parallel_size=layout.ep,
+        sequence_parallel=False,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        use_cpu_initialization=not on_gpu,
+        # Fused kernels need apex / TransformerEngine / CUDA; the unfused paths compute the same function.
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        # Pipeline stages exchange shapes per micro-batch, so a last, smaller micro-batch is fine.
+        variable_seq_lengths=layout.pp > 1,
+        # (megatron refuses variable lengths with the default MoE dispatcher, even for dense models)
+        moe_token_dispatcher_type="alltoall",
+    )
+    if gradient_checkpointing:
+        kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    for key, value in (overrides or {}).items():
+        if key not in TransformerConfig.__dataclass_fields__:
+            raise ValueError(f"megatron override '{key}' is not a TransformerConfig field")
+        kwargs[key] = value
+    return TransformerConfig(**kwargs)
+
+
+class GPTHidden(GPTModel):
+    """GPTModel whose last stage returns final hidden states [b, s, h]; with `kind="value"` it owns a scalar head."""
+
+    value_head: Optional[torch.nn.Linear]
+
+    def _postprocess(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if not self.post_process:
+            return hidden_states  # [s, b, h], sent to the next pipeline stage
+        return hidden_states.transpose(0, 1)
+
+    def output_weight(self) -> torch.Tensor:
+        """This rank's vocab-parallel shard of the output projection [padded_vocab / tp, h] (last stage)."""
+        if self.share_embeddings_and_output_weights:
+            return self.shared_embedding_or_output_weight()
+        return self.output_layer.weight
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: Optional[dict] = None):
+        if getattr(self, "value_head", None) is None:
+            return super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        # A value model has no output layer for GPTModel's tie/padding logic to look at.
+        from megatron.core.utils import ensure_metadata_has_dp_cp_group
+
+        return MegatronModule.sharded_state_dict(
+            self, prefix, sharded_offsets, ensure_metadata_has_dp_cp_group(metadata)
+        )
+
+
+def build_chunks(
+    hf_config: Any,
+    config: TransformerConfig,
+    layout: Layout,
+    *,
+    kind: str = "causal_lm",
+    te: bool = False,
+    vocab_divisible_by: int = 1,
+    seed: int = 1,
+) -> List[GPTHidden]:
+    """This rank's model chunks (one per virtual pipeline stage), weights initialised but not loaded."""
+    from megatron.core import parallel_state as mpu
+
+    if kind not in KINDS:
+        raise ValueError(f"model kind '{kind}' is not one of {', '.join(KINDS)}")
+    spec = layer_spec(hf_config, te)
+    model_kwargs = gpt_model_kwargs(hf_config, layout.tp, vocab_divisible_by)
+    if kind == "value":  # no output layer to tie to the embedding
+        model_kwargs["share_embeddings_and_output_weights"] = False
+    chunks = []
+    for vp_stage in range(layout.chunks):
+        vp = vp_stage if layout.vpp else None
+        pre = mpu.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp)
+        post = mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp)
+        model = GPTHidden(
+            config,
+            spec,
+            pre_process=pre,
+            post_process=post,
+            vp_stage=vp,
+            **model_kwargs,
+        )
+        model.value_head = None
+        if kind == "value" and post:
+            del model.output_layer  # never used: values come from the scalar head
+            torch.manual_seed(seed)  # the same fresh head on every tensor-parallel rank
+            head = torch.nn.Linear(config.hidden_size, 1, dtype=config.params_dtype)
+            torch.nn.init.normal_(head.weight, std=config.init_method_std)
+            torch.nn.init.zeros_(head.bias)
+            model.value_head = head if config.use_cpu_initialization else head.cuda()
+        chunks.append(model)
+    return chunks

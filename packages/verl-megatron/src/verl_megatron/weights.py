@@ -1,0 +1,213 @@
+"""Move weights between this rank's megatron model chunks and Hugging Face tensors.
+
+`load_hf` fills the chunks from an HF folder, each rank reading only the tensors its shards are cut from.
+`stream_hf` is the 3D-HybridEngine's gather: one HF tensor at a time (never a second full copy of the model),
+each assembled from the tensor-parallel shards of its pipeline stage and then sent to the other stages, in the
+layout a generation engine with tensor parallelism `gen_tp` asks for (gen_tp=1: the full tensor; gen_tp=g:
+this rank's generation shard, gathered only inside its micro data-parallel group of tp/g ranks, as in HybridFlow).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from verl_megatron.convert import Dims, Placement, local_placements, mcore_to_hf
+from verl_megatron.parallel import Layout
+
+Tensor = torch.Tensor
+
+
+def unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    """The GPT model inside megatron's DDP (and any Float16Module) wrapper."""
+    while hasattr(module, "module"):
+        module = module.module
+    return module
+
+
+def chunk_params(chunks: Sequence[torch.nn.Module]) -> List[Dict[str, Tensor]]:
+    return [dict(unwrap(c).named_parameters()) for c in chunks]
+
+
+@torch.no_grad()
+def load_hf(
+    chunks: Sequence[torch.nn.Module],
+    placements: Sequence[Placement],
+    read: Callable[[str], Tensor],
+    layout: Layout,
+    dims: Dims,
+    *,
+    optional: Sequence[str] = (),
+) -> List[str]:
+    """Copy this rank's shard of every placement into the chunks; returns the HF names left at their init.
+
+    `optional` HF names may be absent from the folder (a value head when starting a critic from a causal LM);
+    any other tensor the model needs and the folder lacks is an error naming both.
+    """
+    missing: List[str] = []
+    for vp_stage, params in enumerate(chunk_params(chunks)):
+        mine = local_placements(placements, layout.pp_rank, vp_stage)
+        unplaced = sorted(set(params) - set(mine))
+        if unplaced:
+            raise RuntimeError(f"megatron parameters with no conversion rule: {unplaced}")
+        for name, p in mine.items():
+            if name not in params:
+                raise RuntimeError(f"the conversion plan expects '{name}' in model chunk {vp_stage}, which lacks it")
+            try:
+                hf = [read(n) for n in p.hf_names]
+            except KeyError:
+                if all(n in optional for n in p.hf_names):
+                    missing += list(p.hf_names)
+                    continue
+                raise
+            shard = p.rule.to_mcore(hf, layout.tp_rank, layout.tp, dims)
+            target = params[name]
+            if shard.shape != target.shape:
+                raise ValueError(
+                    f"{'/'.join(p.hf_names)} gives a shard of shape {tuple(shard.shape)} for '{name}', which has "
+                    f"shape {tuple(target.shape)}: the HF config and its weights disagree"
+                )
+            target.copy_(shard)
+    return missing
+
+
+@dataclass
+class SyncStats:
+    """What one pass of `stream_hf` moved over collectives, as seen by this rank."""
+
+    received_bytes: int = 0  # bytes that arrived from other ranks (all-gather pieces, broadcasts)
+    tensors: int = 0
+
+
+@dataclass
+class GenerationGroups:
+    """Micro data-parallel groups for a generation tensor parallelism of `gen_tp` (HybridFlow, TP_gen <= TP_train).
+
+    The training TP group of size t splits into g = gen_tp blocks of m = t/g consecutive ranks; block k gathers
+    the training shards it holds into generation shard k, so a rank's generation tp rank is tp_rank // m.
+    """
+
+    gen_tp: int
+    micro_dp: int
+    group: Any  # this rank's micro data-parallel group (None: the training TP group itself)
+    gen_tp_rank: int
+    _all: List[Any] = field(default_factory=list, repr=False)
+
+
+def generation_groups(layout: Layout, gen_tp: int) -> GenerationGroups:
+    """Create (collectively, on every rank of the world) the micro-DP groups for `gen_tp`."""
+    from megatron.core import parallel_state as mpu
+
+    if gen_tp < 1 or layout.tp % gen_tp:
+        raise ValueError(
+            f"rollout tensor parallelism {gen_tp} must divide the actor's tp={layout.tp} (HybridFlow regroups each "
+            "training TP group into micro data-parallel groups); set rollout.parallel.tp to a divisor"
+        )
+    m = layout.tp // gen_tp
+    if gen_tp == 1:
+        return GenerationGroups(1, m, mpu.get_tensor_model_parallel_group(), 0)
+    world, mine, groups = dist.get_world_size(), None, []
+    for start in range(0, world, layout.tp):  # every TP group is a run of tp consecutive global ranks
+        for block in range(gen_tp):
+            ranks = list(range(start + block * m, start + (block + 1) * m))
+            g = dist.new_group(ranks)
+            groups.append(g)
+            if dist.get_rank() in ranks:
+                mine = g
+    return GenerationGroups(gen_tp, m, mine, layout.tp_rank // m, groups)
+
+
+def hf_shapes(hf_config: Any, kind: str) -> Dict[str, Tuple[torch.Size, torch.dtype]]:
+    """Shape of every HF parameter, from a meta-device instance of the HF model (no memory)."""
+    import copy
+
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    cfg = copy.deepcopy(hf_config)
+    with torch.device("meta"):
+        if kind == "value":
+            cfg.num_labels = 1
+            model = AutoModelForTokenClassification.from_config(cfg)
+        else:
+            model = AutoModelForCausalLM.from_config(cfg)
+    return {n: p.shape for n, p in model.named_parameters()}
+
+
+@torch.no_grad()
+def stream_hf(
+    chunks: Sequence[torch.nn.Module],
+    placements: Sequence[Placement],
+    layout: Layout,
+    dims: Dims,
+    shapes: Dict[str, torch.Size],
+    *,
+    dtype: torch.dtype,
+    gen: Optional[GenerationGroups] = None,
+    stats: Optional[SyncStats] = None,
+) -> Iterator[Tuple[str, Tensor]]:
+    """(HF name, tensor) for the whole model, one at a time, on every rank (collective: all ranks iterate fully).
+
+    With gen.gen_tp > 1 the tensors are this rank's generation shards (HF names, split as the generation engine's
+    tensor parallelism splits them); replicated tensors (norms) are whole.
+    """
+    from megatron.core import parallel_state as mpu
+
+    gen = gen or generation_groups(layout, 1)
+    stats = stats if stats is not None else SyncStats()
+    params = chunk_params(chunks)
+    tp_group = gen.group
+    pp_group = mpu.get_pipeline_model_parallel_group()
+    device = next(iter(params[0].values())).device
+    for p in placements:
+        if p.mirror:
+            continue
+        pieces: Optional[List[Tensor]] = None
+        if p.pp_rank == layout.pp_rank:
+            local = params[p.vp_stage][p.local_name].detach()
+            if p.rule.kind == "replicate" or gen.micro_dp == 1:
+                shards, first = [local], layout.tp_rank if p.rule.kind != "replicate" else 0
+            else:
+                shards = [torch.empty_like(local) for _ in range(gen.micro_dp)]
+                dist.all_gather(shards, local.contiguous(), group=tp_group)
+                stats.received_bytes += (gen.micro_dp - 1) * local.numel() * local.element_size()
+                first = gen.gen_tp_rank * gen.micro_dp
+            tp_total = layout.tp if p.rule.kind != "replicate" else 1
+            pieces = [t.to(dtype) for _, t in mcore_to_hf(p, shards, first, tp_total, dims)]
+        if layout.pp > 1:
+            pieces = _broadcast_from_stage(p, pieces, layout, gen, dims, shapes, dtype, device, pp_group, stats)
+        for name, tensor in zip(p.hf_names, pieces):
+            stats.tensors += 1
+            yield name, tensor
+
+
+def generation_shape(p: Placement, name: str, full: torch.Size, gen: GenerationGroups, dims: Dims) -> torch.Size:
+    """Shape of generation shard of HF tensor `name` (full shape `full`) under gen_tp."""
+    g = gen.gen_tp
+    if g == 1 or p.rule.kind == "replicate":
+        return full
+    if p.rule.kind == "row":
+        return torch.Size([full[0], full[1] // g])
+    if p.rule.kind == "vocab":
+        rows = dims.padded_vocab // g
+        start = gen.gen_tp_rank * rows
+        return torch.Size([max(0, min(rows, dims.vocab_size - start)), *full[1:]])
+    return torch.Size([full[0] // g, *full[1:]])  # column, qkv (heads and groups split evenly), glu
+
+
+def _broadcast_from_stage(p, pieces, layout, gen, dims, shapes, dtype, device, pp_group, stats) -> List[Tensor]:
+    src = dist.get_global_rank(pp_group, p.pp_rank)
+    if pieces is None:
+        pieces = [
+            torch.empty(generation_shape(p, n, shapes[n], gen, dims), dtype=dtype, device=device) for n in p.hf_names
+        ]
+        receiving = True
+    else:
+        receiving = False
+    for t in pieces:
+        dist.broadcast(t, src=src, group=pp_group)
+        if receiving:
+            stats.received_bytes += t.numel() * t.element_size()
+    return pieces

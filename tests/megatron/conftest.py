@@ -1,0 +1,1 @@
+from fixtures import embedded_cache  # noqa: F401

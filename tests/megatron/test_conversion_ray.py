@@ -1,0 +1,180 @@
+"""Megatron engines in Ray worker processes (gloo): HF -> mcore -> HF is exact, and log-probs match HF's.
+
+Three layouts: TP=2 (2 workers), PP=2 (2 workers), TP=2 x PP=2 with 2 virtual stages each (4 workers, half a
+CPU each). Models: the embedded tiny Llama (untied), a random Qwen2 (qkv bias, tied embeddings) and a random
+Qwen3 (qk-norm, head_dim apart from hidden/heads). Log-probs are compared with the HF model's in float32 on
+rows with left-padded prompts and right-padded responses, on the response tokens.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import ray
+import torch
+from verl.controller import ResourcePool, init_ray, make_worker_group
+from verl.protocol import DataProto
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+from workers import EngineWorker, random_model_dir  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(sys.modules["workers"])
+
+LOGPROB_ATOL = 1e-5  # float32; measured differences are ~1e-6 (reduction order in attention and norms)
+
+
+@pytest.fixture(scope="module")
+def ray_two_cpus():
+    if ray.is_initialized():
+        ray.shutdown()
+    init_ray(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, embedded_cache):
+    from verl.embedded.models import materialize_embedded_model
+
+    root = tmp_path_factory.mktemp("models")
+    return {
+        "llama": materialize_embedded_model("tiny-llama", embedded_cache),
+        "qwen2": random_model_dir(str(root / "qwen2"), "qwen2", tie=True, seed=1),
+        "qwen3": random_model_dir(str(root / "qwen3"), "qwen3", tie=False, seed=2),
+    }
+
+
+def _group(world: int, parallel: dict):
+    pool = ResourcePool("megatron", nnodes=1, devices_per_node=world, cpus_per_device=2 / world)
+    group = make_worker_group("ray", pool, EngineWorker, parallel, role="megatron", env={"OMP_NUM_THREADS": "1"})
+    return pool, group
+
+
+def _batch(vocab: int, rows: int = 4, prompt: int = 6, response: int = 5) -> DataProto:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, vocab, (rows, prompt + response), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left-padded prompts
+    mask[2, :1] = 0
+    response_mask = torch.ones(rows, response, dtype=torch.long)
+    response_mask[1, 3:] = 0  # a response that ended early: right padding
+    mask[:, prompt:] = response_mask
+    return DataProto.from_dict(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+            "responses": ids[:, prompt:],
+            "response_mask": response_mask,
+        }
+    )
+
+
+def _hf(path: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+def _hf_log_probs(path: str, batch: DataProto) -> torch.Tensor:
+    b = batch.batch
+    r = b["responses"].shape[1]
+    with torch.no_grad():
+        logits = _hf(path)(
+            input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
+        ).logits
+    logp = torch.log_softmax(logits[:, -r - 1 : -1].float(), -1)
+    return logp.gather(-1, b["responses"][..., None]).squeeze(-1)
+
+
+def _hf_state(path: str) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(f"{path}/model.safetensors")
+
+
+def _check_log_probs(results: list, path: str, batch: DataProto) -> float:
+    want = _hf_log_probs(path, batch)
+    valid = batch.batch["response_mask"].bool()
+    worst = 0.0
+    for out in results:  # every rank returns the last stage's outputs
+        diff = (out["log_probs"] - want).abs()[valid].max().item()
+        assert diff <= LOGPROB_ATOL, diff
+        worst = max(worst, diff)
+    return worst
+
+
+@pytest.mark.parametrize("parallel", [{"tp": 2}, {"pp": 2}], ids=["tp2", "pp2"])
+def test_log_probs_match_hf(ray_two_cpus, models, parallel):
+    pool, group = _group(2, parallel)
+    try:
+        infos = group.load("llama", models["llama"])
+        # TP=2: one replica, collected on tp rank 0; PP=2: one replica, collected on the last stage.
+        assert infos == ([(0, 1, True), (0, 1, False)] if "tp" in parallel else [(0, 1, False), (0, 1, True)])
+        batch = _batch(vocab=83)
+        worst = _check_log_probs(group.infer("llama", batch), models["llama"], batch)
+        print(f"{parallel}: max |log-prob - HF| = {worst:.2e}")
+    finally:
+        group.shutdown()
+        pool.remove()
+
+
+def test_round_trip_and_parity_tp2_pp2_vpp2(ray_two_cpus, models, tmp_path):
+    pool, group = _group(4, {"tp": 2, "pp": 2, "vpp": 2})
+    try:
+        for name, path in models.items():
+            group.load(name, path)
+            hf = _hf_state(path)
+            if name == "qwen2":
+                hf.pop("lm_head.weight", None)  # tied: HF may store the shared tensor under either name
+            for rank, weights in enumerate(group.hf_weights(name)):
+                assert weights.keys() == hf.keys(), (name, rank)
+                for key, tensor in hf.items():
+                    assert torch.equal(weights[key], tensor), (name, rank, key)  # bitwise
+            vocab = _hf(path).config.vocab_size
+            batch = _batch(vocab=vocab)
+            worst = _check_log_probs(group.infer(name, batch), path, batch)
+            print(f"{name} tp2 pp2 vpp2: max |log-prob - HF| = {worst:.2e}")
+        # The exported folder is the same model, bitwise.
+        group.export("qwen3", str(tmp_path / "qwen3-export"))
+        exported, original = _hf_state(str(tmp_path / "qwen3-export")), _hf_state(models["qwen3"])
+        assert exported.keys() == original.keys()
+        assert all(torch.equal(exported[k], original[k]) for k in original)
+    finally:
+        group.shutdown()
+        pool.remove()
+
+
+def test_generation_shards_for_a_smaller_rollout_tp(ray_two_cpus, models):
+    """TP_train=2 -> TP_gen=2 (micro-DP groups of one rank, nothing gathered) and TP_gen=1 (full tensors)."""
+    pool, group = _group(2, {"tp": 2})
+    try:
+        group.load("qwen2", models["qwen2"])
+        full = _hf_state(models["qwen2"])
+        shards = group.hf_weights("qwen2", 2)
+        stats = group.sync_stats("qwen2")
+        assert [s["received_bytes"] for s in stats] == [0, 0]  # each rank already holds its generation shard
+        for rank, weights in enumerate(shards):
+            q = full["model.layers.0.self_attn.q_proj.weight"]  # 4 heads of 4 dims -> 2 heads per rank
+            assert torch.equal(weights["model.layers.0.self_attn.q_proj.weight"], q.chunk(2, 0)[rank])
+            k = full["model.layers.2.self_attn.k_proj.bias"]
+            assert torch.equal(weights["model.layers.2.self_attn.k_proj.bias"], k.chunk(2, 0)[rank])
+            o = full["model.layers.3.self_attn.o_proj.weight"]
+            assert torch.equal(weights["model.layers.3.self_attn.o_proj.weight"], o.chunk(2, 1)[rank])
+            up = full["model.layers.1.mlp.up_proj.weight"]
+            assert torch.equal(weights["model.layers.1.mlp.up_proj.weight"], up.chunk(2, 0)[rank])
+            emb = full["model.embed_tokens.weight"]  # 37 rows -> 19 + 18
+            assert torch.equal(weights["model.embed_tokens.weight"], emb[:19] if rank == 0 else emb[19:])
+            assert torch.equal(weights["model.norm.weight"], full["model.norm.weight"])
+        whole = group.hf_weights("qwen2", 1)
+        stats = group.sync_stats("qwen2")
+        # TP_gen=1: each rank receives the other rank's shard of every split tensor, in float32: half of each
+        # projection, and 19 of the 38 padded embedding rows of 16; norms are replicated and not sent.
+        halves = sum(t.numel() for k, t in full.items() if "norm" not in k and "embed" not in k) // 2
+        assert [s["received_bytes"] for s in stats] == [(halves + 19 * 16) * 4] * 2
+        assert all(torch.equal(whole[0][k], full[k]) for k in full)
+    finally:
+        group.shutdown()
+        pool.remove()

@@ -1,0 +1,81 @@
+"""A bare worker around one or more MegatronEngines, for multi-process tests through the project's Ray groups."""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Dict, Optional
+
+import torch
+from verl.controller import Dispatch, Worker, register
+from verl.engine import EngineConfig
+from verl.protocol import DataProto
+from verl.workers.setup import quiet_libraries, set_threads
+
+
+def random_model_dir(path: str, model_type: str, *, tie: bool, layers: int = 4, vocab: int = 37, seed: int = 0) -> str:
+    """A random Llama / Qwen2 / Qwen3 saved as an HF folder (GQA: 4 heads over 2 kv groups)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    extra = {"head_dim": 6} if model_type == "qwen3" else {}  # qwen3 sets head_dim apart from hidden/heads
+    cfg = AutoConfig.for_model(
+        model_type,
+        vocab_size=vocab,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tie,
+        rms_norm_eps=1e-6,
+        **extra,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():  # norms start at 1 and biases at 0: randomise them so the round trip sees every tensor
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith(".bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(path)
+    return path
+
+
+class EngineWorker(Worker):
+    """Holds MegatronEngines by name; every method runs on every rank (megatron calls are collective)."""
+
+    def __init__(self, parallel: Dict[str, Any]):
+        self.parallel = types.SimpleNamespace(
+            **{"tp": 1, "pp": 1, "vpp": None, "cp": 1, "ep": 1, "dp": None, **parallel}
+        )
+        self.engines: Dict[str, Any] = {}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load(self, name: str, model_path: str, optim: Optional[Any] = None, kind: str = "causal_lm") -> tuple:
+        quiet_libraries()
+        set_threads(None)
+        self.init_distributed("gloo")
+        from verl.engine import load_engine
+
+        cfg = EngineConfig(
+            model_path=model_path, kind=kind, optim=optim, total_steps=10, dtype="float32", parallel=self.parallel
+        )
+        self.engines[name] = load_engine("megatron", "train")(cfg)
+        return self.engines[name].data_parallel_info()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def hf_weights(self, name: str, gen_tp: int = 1) -> Dict[str, torch.Tensor]:
+        return {k: v.clone() for k, v in self.engines[name].weights(gen_tp)}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def infer(self, name: str, batch: DataProto, micro_batch_size: int = 2) -> Dict[str, torch.Tensor]:
+        out = self.engines[name].infer(batch, micro_batch_size=micro_batch_size, entropy=True)
+        return {k: v for k, v in out.batch.items()}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def export(self, name: str, path: str) -> None:
+        self.engines[name].export_hf(path)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def sync_stats(self, name: str) -> Dict[str, int]:
+        stats = self.engines[name].last_sync
+        return {"received_bytes": stats.received_bytes, "tensors": stats.tensors}
