@@ -1,1 +1,1 @@
-from fixtures import embedded_cache  # noqa: F401
+from tests.fixtures import embedded_cache  # noqa: F401

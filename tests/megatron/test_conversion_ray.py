@@ -16,11 +16,11 @@ import torch
 from verl.controller import ResourcePool, init_ray, make_worker_group
 from verl.protocol import DataProto
 
+from tests.megatron.workers import EngineWorker, random_model_dir
+
+# Test modules are not installed in the worker processes: ship these by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-from workers import EngineWorker, random_model_dir  # noqa: E402
-
-ray.cloudpickle.register_pickle_by_value(sys.modules["workers"])
+ray.cloudpickle.register_pickle_by_value(sys.modules["tests.megatron.workers"])
 
 LOGPROB_ATOL = 1e-5  # float32; measured differences are ~1e-6 (reduction order in attention and norms)
 

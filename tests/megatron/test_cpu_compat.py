@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import types
 
 import pytest
 import torch
 import torch.distributed as dist
-from engine_fixtures import free_port
+
+from tests.engine_fixtures import free_port
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU compatibility layer is for CUDA-less hosts")
 
@@ -113,25 +113,3 @@ def test_grad_clipping_accepts_cpu_gradients(megatron_world_one):
     clip_grads.clip_grad_by_total_norm_fp32([p], max_norm=1.0, total_norm=5.0)
     # Scaled by max_norm / (total_norm + 1e-6) = 1 / 5.000001.
     torch.testing.assert_close(p.grad, torch.tensor([3.0, 4.0]) / 5.000001)
-
-
-def test_optimizer_state_loader_leaves_torch_adam_step_alone():
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-    from verl_megatron import cpu_compat
-
-    cpu_compat.apply()
-    main = torch.nn.Parameter(torch.zeros(3))
-    adam = torch.optim.AdamW([main], lr=0.1)
-    main.grad = torch.ones(3)
-    adam.step()  # state: step, exp_avg, exp_avg_sq
-    fake = types.SimpleNamespace(
-        config=types.SimpleNamespace(use_precision_aware_optimizer_no_fp8_or_ds_fp8=False),
-        model_param_group_index_map={"p": (0, 0)},
-        optimizer=adam,
-    )
-    loaded = {"param": torch.full((3,), 2.0), "exp_avg": torch.full((3,), 3.0), "exp_avg_sq": torch.full((3,), 4.0)}
-    DistributedOptimizer._set_main_param_and_optimizer_states(fake, "p", loaded)
-    state = adam.state[main]
-    assert main.tolist() == [2.0] * 3
-    assert state["exp_avg"].tolist() == [3.0] * 3 and state["exp_avg_sq"].tolist() == [4.0] * 3
-    assert float(state["step"]) == 1.0

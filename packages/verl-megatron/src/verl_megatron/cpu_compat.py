@@ -13,11 +13,6 @@ and does nothing when CUDA is available (GPU runs use megatron exactly as shippe
    `Tensor.cuda()` (tied-embedding setup across pipeline stages): inside those functions only
    (`TENSOR_SHIMMED`), a CPU tensor reports its CUDA type name and `.cuda()` leaves it where it is.
 
-5. Without apex or TransformerEngine megatron's optimizer is torch's AdamW, which keeps a per-parameter `step`;
-   the fully reshardable optimizer checkpoint loader (`_set_main_param_and_optimizer_states`) expects only
-   param/exp_avg/exp_avg_sq and fails on it. The loaded keys are copied and `step`, which megatron restores
-   from the param groups just before, is left as it is.
-
 Each behaviour has a test in tests/megatron/test_cpu_compat.py. `sequence_parallel` stays unsupported on
 CPU (it needs apex or TransformerEngine norms); the engine refuses it there with a clear error.
 """
@@ -182,22 +177,6 @@ def _resolve(module: str, path: str) -> tuple[Any, str]:
     return owner, attr
 
 
-def _set_loaded_optimizer_states(original: Callable) -> Callable:
-    @functools.wraps(original)
-    def set_states(self: Any, model_param: torch.Tensor, tensors: dict) -> None:
-        if self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
-            return original(self, model_param, tensors)
-        group_index, group_order = self.model_param_group_index_map[model_param]
-        main_param = self.optimizer.param_groups[group_index]["params"][group_order]
-        dst = {"param": main_param, **self.optimizer.state[main_param]}
-        with torch.no_grad():
-            for key, value in tensors.items():
-                dst[key].copy_(value)
-
-    set_states.__verl_cpu_compat__ = True
-    return set_states
-
-
 def needed() -> bool:
     """Whether this process needs the layer: no usable CUDA device."""
     return not torch.cuda.is_available()
@@ -230,9 +209,5 @@ def apply(force: bool = False) -> bool:
         raw = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
         if not getattr(getattr(raw, "__func__", raw), "__verl_cpu_compat__", False):
             _shim_tensor_methods(owner, attr)
-    distrib = importlib.import_module("megatron.core.optimizer.distrib_optimizer")
-    setter = distrib.DistributedOptimizer._set_main_param_and_optimizer_states
-    if not distrib.HAVE_APEX_OR_TE and not getattr(setter, "__verl_cpu_compat__", False):
-        distrib.DistributedOptimizer._set_main_param_and_optimizer_states = _set_loaded_optimizer_states(setter)
     _applied = True
     return True

@@ -20,7 +20,7 @@ from verl.protocol import DataProto
 from verl.utils.lr_schedule import lr_multiplier
 from verl.utils.rng import get_rng_state, set_rng_state
 
-from verl_megatron import cpu_compat
+from verl_megatron import cpu_compat, torch_adam_fix
 from verl_megatron.convert import PipelineSplit, SafetensorsFolder, dims_of, plan
 from verl_megatron.hf_config import DTYPES
 from verl_megatron.parallel import init_model_parallel
@@ -90,6 +90,7 @@ class MegatronEngine:
         self.optimizer = None
         self.steps = 0  # optimizer steps taken (the LR schedule's position)
         if cfg.optim is not None:
+            torch_adam_fix.apply()
             chunks = self._wrap_ddp(chunks)
             self.optimizer = self._build_optimizer(chunks)
         self.chunks = chunks
@@ -156,7 +157,7 @@ class MegatronEngine:
         mb: Dict[str, Any],
         temperature: float,
         entropy: bool,
-        grad: bool,
+        entropy_grad: bool,
     ) -> Dict[str, torch.Tensor]:
         """Per-token outputs aligned with `responses` from the last stage's hidden states [b, s, h]."""
         from megatron.core import parallel_state as mpu
@@ -177,7 +178,7 @@ class MegatronEngine:
             vocab_start=vocab_start,
             group=mpu.get_tensor_model_parallel_group(),
             temperature=temperature,
-            entropy_grad=grad and entropy,
+            entropy_grad=entropy_grad and entropy,
             impl=self.cfg.fused_kernel_impl if self.cfg.use_fused_kernels else "chunked",
         )
         out = {"log_probs": log_probs.float()}
@@ -193,6 +194,7 @@ class MegatronEngine:
         temperature: float,
         entropy: bool,
         on_outputs: Callable[[Dict[str, torch.Tensor], DataProto, int], Optional[torch.Tensor]],
+        entropy_grad: bool = False,
     ) -> None:
         """Run every micro-batch through megatron's schedule; the last stage calls on_outputs(outputs, mb, i),
         whose returned loss (None: no backward) is what the schedule differentiates."""
@@ -217,7 +219,8 @@ class MegatronEngine:
             out = model(mb["input_ids"], mb["position_ids"], None)
 
             def loss_func(hidden: torch.Tensor):
-                outputs = self._outputs(model, hidden, mb, temperature, entropy, grad=not forward_only)
+                grad = entropy_grad and not forward_only
+                outputs = self._outputs(model, hidden, mb, temperature, entropy, entropy_grad=grad)
                 loss = on_outputs(outputs, micro[i], i)
                 if loss is None:
                     return torch.zeros((), device=hidden.device), {}
@@ -280,6 +283,7 @@ class MegatronEngine:
         micro_batch_size: int,
         temperature: float = 1.0,
         entropy: bool = False,
+        entropy_grad: bool = True,
     ) -> Metrics:
         """Accumulate gradients over micro-batches of `batch` (each weighted by its share of the rows), clip, step."""
         if self.optimizer is None:
@@ -302,6 +306,7 @@ class MegatronEngine:
             forward_only=False,
             temperature=temperature,
             entropy=entropy,
+            entropy_grad=entropy_grad,
             on_outputs=weighted_loss,
         )
         lr = self._set_lr()

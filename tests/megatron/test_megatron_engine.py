@@ -1,0 +1,142 @@
+"""MegatronEngine in one process (world of one, gloo): outputs against HF, checkpoints, export, the value head."""
+
+from __future__ import annotations
+
+import os
+import types
+
+import pytest
+import torch
+import torch.distributed as dist
+from verl.config.schema import OptimConfig
+from verl.engine import EngineConfig
+from verl_megatron.sequences import pack
+
+from tests.engine_fixtures import free_port, make_llama_dir, random_batch
+
+LAYOUT = types.SimpleNamespace(tp=1, pp=1, vpp=None, cp=1, ep=1, dp=None)
+
+
+@pytest.fixture(scope="module")
+def world_one():
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    from verl_megatron.parallel import destroy_model_parallel
+
+    destroy_model_parallel()
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> str:
+    return make_llama_dir(str(tmp_path_factory.mktemp("llama")))
+
+
+def _engine(path: str, *, optim: bool = True, kind: str = "causal_lm", **kw):
+    from verl_megatron.engine import MegatronEngine
+
+    opt = OptimConfig(lr=1e-2, weight_decay=0.0) if optim else None
+    return MegatronEngine(EngineConfig(model_path=path, kind=kind, optim=opt, total_steps=10, parallel=LAYOUT, **kw))
+
+
+def _nll(out, mb):
+    loss = -(out["log_probs"] * mb.batch["response_mask"]).sum() / mb.batch["response_mask"].sum()
+    return loss, {"nll": float(loss)}
+
+
+def test_pack_rotates_rows_so_real_tokens_start_at_zero():
+    # Row 0: two padding tokens, prompt [5, 6], response [7, 8]; row 1: no padding.
+    ids = torch.tensor([[0, 0, 5, 6, 7, 8], [1, 2, 3, 4, 7, 9]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    p = pack(ids, mask, ids[:, 4:])
+    assert p.input_ids.tolist() == [[5, 6, 7, 8, 0, 0], [1, 2, 3, 4, 7, 9]]
+    # responses[:, t] sits at 4 + t; predicted one position earlier, shifted left by the padding (2 and 0).
+    assert p.predict_index.tolist() == [[1, 2], [3, 4]]
+    with pytest.raises(ValueError, match="padding between real tokens"):
+        pack(ids, torch.tensor([[1, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]), ids[:, 4:])
+
+
+def test_log_probs_and_entropy_match_hf(world_one, llama):
+    from transformers import AutoModelForCausalLM
+
+    engine = _engine(llama, optim=False)
+    batch = random_batch(4, 6, 5, left_pad=3)
+    out = engine.infer(batch, micro_batch_size=3, temperature=0.7, entropy=True)
+    b = batch.batch
+    hf = AutoModelForCausalLM.from_pretrained(llama, dtype=torch.float32)
+    with torch.no_grad():
+        logits = hf(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
+    logp = torch.log_softmax(logits[:, -6:-1] / 0.7, -1)
+    want = logp.gather(-1, b["responses"][..., None]).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    torch.testing.assert_close(out.batch["log_probs"], want, rtol=0, atol=1e-5)
+    torch.testing.assert_close(out.batch["entropy"], entropy, rtol=0, atol=1e-5)
+
+
+def test_checkpoint_resumes_exactly_and_exports_hf(world_one, llama, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    engine = _engine(llama)
+    batch = random_batch(4, 6, 5, left_pad=2)
+    first = engine.train_step(batch, _nll, micro_batch_size=2)
+    assert first["lr"] == pytest.approx(1e-2) and first["grad_norm"] > 0
+    engine.save_checkpoint(str(tmp_path / "ckpt"))
+    after_save = engine.train_step(batch, _nll, micro_batch_size=2)
+    saved_next = {k: v.clone() for k, v in engine.weights()}
+    engine.load_checkpoint(str(tmp_path / "ckpt"))  # weights, Adam moments and step count come back
+    again = engine.train_step(batch, _nll, micro_batch_size=2)
+    assert again == after_save
+    for k, v in engine.weights():
+        assert torch.equal(v, saved_next[k]), k
+    engine.export_hf(str(tmp_path / "hf"))
+    exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32)
+    for k, v in exported.state_dict().items():
+        assert torch.equal(v, saved_next[k]), k
+
+
+def test_training_lowers_the_loss_and_follows_the_schedule(world_one, llama):
+    from verl_megatron.engine import MegatronEngine
+
+    opt = OptimConfig(lr=1e-2, weight_decay=0.0, warmup_steps=2)
+    engine = MegatronEngine(EngineConfig(model_path=llama, optim=opt, total_steps=10, parallel=LAYOUT))
+    batch = random_batch(4, 6, 5)
+    metrics = [engine.train_step(batch, _nll, micro_batch_size=4) for _ in range(4)]
+    assert [m["lr"] for m in metrics] == pytest.approx([5e-3, 1e-2, 1e-2, 1e-2])  # linear warmup over 2 steps
+    assert metrics[-1]["nll"] < metrics[0]["nll"] - 0.1
+
+
+def test_value_head_starts_fresh_and_exports_as_token_classification(world_one, llama, tmp_path):
+    from transformers import AutoModelForTokenClassification
+
+    critic = _engine(llama, kind="value")
+    assert critic.fresh == ["score.weight", "score.bias"]
+    batch = random_batch(3, 6, 4, left_pad=2)
+    values = critic.infer(batch, micro_batch_size=3).batch["values"]
+    assert values.shape == (3, 4)
+    critic.export_hf(str(tmp_path / "critic"))
+    hf = AutoModelForTokenClassification.from_pretrained(str(tmp_path / "critic"), dtype=torch.float32).eval()
+    b = batch.batch
+    with torch.no_grad():
+        out = hf(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"])
+    # The value of the state before each response token: positions P-1 .. P+R-2.
+    torch.testing.assert_close(values, out.logits.squeeze(-1)[:, -5:-1], rtol=0, atol=1e-5)
+
+    def value_loss(out, mb):
+        loss = ((out["values"] - 1.0) ** 2).mean()
+        return loss, {"vf_loss": float(loss)}
+
+    losses = [critic.train_step(batch, value_loss, micro_batch_size=2)["vf_loss"] for _ in range(5)]
+    assert losses[-1] < losses[0]
+
+
+def test_bad_settings_are_refused_by_name(world_one, llama):
+    with pytest.raises(ValueError, match="model.dtype 'fp8'"):
+        _engine(llama, dtype="fp8")
+    with pytest.raises(ValueError, match="model.override_config.no_such_key"):
+        _engine(llama, override_config={"no_such_key": 1})
+    engine = _engine(llama, optim=False)
+    with pytest.raises(RuntimeError, match="without an optimizer"):
+        engine.train_step(random_batch(2, 4, 2), _nll, micro_batch_size=2)
+    with pytest.raises(ValueError, match="micro_batch_size must be >= 1"):
+        engine.infer(random_batch(2, 4, 2), micro_batch_size=0)

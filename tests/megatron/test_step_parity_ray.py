@@ -1,0 +1,130 @@
+"""One actor update of the megatron engine through the project's worker (ActorRolloutRefWorker on Ray, gloo):
+TP=2, PP=2 and DP=2 (distributed optimizer) each take the same step as TP=1 on one worker.
+
+Same batch, same starting weights: the loss and grad norm agree to float32 rounding and every updated weight
+agrees within WEIGHT_ATOL. Splitting the model changes only the order of float32 sums (TP's row-parallel all-reduce,
+PP's stage boundary, DP's gradient reduce-scatter). AdamW runs with eps=0.1 so its first step is close to
+lr * g / eps, linear in the gradient: with the usual eps=1e-8 the first step is lr * g / |g|, which turns a 1e-10
+rounding difference on a near-zero gradient into a 1e-5 weight difference and would hide a real error among them.
+Updates are ~1e-3; measured differences are <= 7.5e-9.
+"""
+
+from __future__ import annotations
+
+import pytest
+import ray
+import torch
+from verl.controller import init_ray, make_worker_group, pools_from_plan
+from verl.embedded.models import materialize_embedded_model
+from verl.placement import make_plan
+from verl.protocol import DataProto
+from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
+
+from tests.trainer.run_configs import tiny_config
+
+ROWS, P, R = 8, 6, 4
+WEIGHT_ATOL = 5e-8
+
+
+@pytest.fixture(scope="module")
+def ray_two_cpus():
+    if ray.is_initialized():
+        ray.shutdown()
+    init_ray(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def model_path(embedded_cache):
+    return materialize_embedded_model("tiny-llama", embedded_cache)
+
+
+def _batch(vocab: int) -> DataProto:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, vocab, (ROWS, P + R), generator=g)
+    mask = torch.ones(ROWS, P + R, dtype=torch.long)
+    mask[:3, :2] = 0  # some left-padded prompts
+    return DataProto.from_dict(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+            "responses": ids[:, P:],
+            "response_mask": torch.ones(ROWS, R, dtype=torch.long),  # equal lengths: token-mean per rank = global
+            "old_log_probs": -4.5 * torch.ones(ROWS, R),
+            "advantages": torch.randn(ROWS, R, generator=g),
+        }
+    )
+
+
+def _step(model_path: str, tmp, name: str, devices: int, *overrides: str):
+    cfg = tiny_config(
+        "grpo_tiny",
+        str(tmp / name),
+        "trainer.controller=ray",
+        "rollout.n=1",
+        "data.train_batch_size=8",
+        "actor.backend=megatron",
+        "actor.ppo_mini_batch_size=8",
+        "actor.ppo_micro_batch_size_per_device=2",
+        "actor.optim.lr=1e-2",
+        "actor.optim.eps=0.1",
+        "placement.pools=[{name: hybrid, roles: [actor, rollout]}]",
+        f"placement.devices_per_node={devices}",
+        *overrides,
+    )
+    plan, _ = make_plan(cfg)
+    pool = pools_from_plan(plan, cpus_per_device=2 / devices)["hybrid"]
+    group = make_worker_group("ray", pool, ActorRolloutRefWorker, cfg, ["actor"], model_path, 10, role="actor")
+    try:
+        group.init_model()
+        metrics = group.update_actor(_batch(vocab=83))
+        states = group.actor_state()
+    finally:
+        group.shutdown()
+        pool.remove()
+    return metrics, states
+
+
+@pytest.fixture(scope="module")
+def reference(ray_two_cpus, model_path, tmp_path_factory):
+    return _step(model_path, tmp_path_factory.mktemp("tp1"), "tp1", 1)
+
+
+@pytest.mark.parametrize(
+    "name, overrides, replicas",
+    [
+        ("tp2", ("actor.parallel.tp=2",), 1),
+        ("pp2", ("actor.parallel.pp=2",), 1),
+        ("dp2", (), 2),  # two data-parallel ranks: megatron DDP + the distributed optimizer
+    ],
+)
+def test_split_step_equals_single_worker(reference, model_path, tmp_path, name, overrides, replicas):
+    (m1,), (w1,) = reference
+    m2, states = _step(model_path, tmp_path, name, 2, *overrides)
+    assert len(m2) == replicas  # one metrics dict per data-parallel replica
+    loss2 = sum(m["pg_loss"] for m in m2) / replicas
+    assert m1["pg_loss"] == pytest.approx(loss2, rel=1e-6, abs=1e-7)
+    assert m1["grad_norm"] == pytest.approx(m2[0]["grad_norm"], rel=1e-5)
+    before = _initial(model_path)
+    worst = 0.0
+    for w2 in states:  # every rank streams the full model
+        assert w1.keys() == w2.keys() == before.keys()
+        for key in w1:
+            torch.testing.assert_close(w2[key], w1[key], rtol=0, atol=WEIGHT_ATOL, msg=key)
+            worst = max(worst, (w2[key] - w1[key]).abs().max().item())
+    moved = sum(not torch.equal(w1[k], before[k]) for k in w1)
+    assert moved == len(w1)  # every parameter changed: the comparison is not of two untouched models
+    print(f"{name}: loss {loss2:.6f} vs {m1['pg_loss']:.6f}, max |w - w_tp1| = {worst:.1e}")
+
+
+_INITIAL: dict = {}
+
+
+def _initial(model_path: str) -> dict:
+    if model_path not in _INITIAL:
+        from safetensors.torch import load_file
+
+        _INITIAL[model_path] = load_file(f"{model_path}/model.safetensors")
+    return _INITIAL[model_path]
