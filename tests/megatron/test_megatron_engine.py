@@ -128,6 +128,26 @@ def test_value_head_starts_fresh_and_exports_as_token_classification(world_one, 
 
     losses = [critic.train_step(batch, value_loss, micro_batch_size=2)["vf_loss"] for _ in range(5)]
     assert losses[-1] < losses[0]
+    critic.save_checkpoint(str(tmp_path / "critic-ckpt"))
+    trained = {k: v.clone() for k, v in critic.weights()}
+    assert trained.keys() >= {"score.weight", "score.bias"}
+    critic.train_step(batch, value_loss, micro_batch_size=2)
+    critic.load_checkpoint(str(tmp_path / "critic-ckpt"))
+    assert all(torch.equal(v, trained[k]) for k, v in critic.weights())
+
+
+def test_a_fresh_engine_resumes_a_checkpoint_exactly(world_one, llama, tmp_path):
+    """Resume in a new process: the optimizer has taken no step yet when the checkpoint is loaded into it."""
+    batch = random_batch(4, 6, 5, left_pad=1)
+    trained = _engine(llama)
+    trained.train_step(batch, _nll, micro_batch_size=2)
+    trained.save_checkpoint(str(tmp_path / "ckpt"))
+    want = trained.train_step(batch, _nll, micro_batch_size=2)
+    want_weights = {k: v.clone() for k, v in trained.weights()}
+    fresh = _engine(llama)
+    fresh.load_checkpoint(str(tmp_path / "ckpt"))
+    assert fresh.train_step(batch, _nll, micro_batch_size=2) == want
+    assert all(torch.equal(v, want_weights[k]) for k, v in fresh.weights())
 
 
 def test_bad_settings_are_refused_by_name(world_one, llama):

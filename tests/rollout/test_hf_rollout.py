@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from tests.engine_fixtures import gloo_world_one, llama_dir, make_llama_dir  # noqa: F401
 from verl.config.schema import OptimConfig, RolloutConfig
 from verl.engine import EngineConfig
 from verl.protocol import DataProto
 from verl_fsdp.engine import FSDPEngine
 from verl_rollout.hf import HFRollout, response_mask_until_eos
+
+from tests.engine_fixtures import gloo_world_one, llama_dir, make_llama_dir  # noqa: F401
 
 EOS, PAD = 2, 0
 
@@ -104,3 +104,29 @@ def test_unknown_parameter_is_named(gloo_world_one, llama_dir):  # noqa: F811
     rollout = _rollout(llama_dir)
     with pytest.raises(KeyError, match="lm_head.bogus"):
         rollout.update_weights([("lm_head.bogus", torch.zeros(1))])
+
+
+def test_sleep_releases_its_own_copy_and_a_full_sync_restores_it(gloo_world_one, llama_dir):  # noqa: F811
+    actor = _actor(llama_dir)
+    rollout = _rollout(llama_dir)
+    before = rollout.generate(_prompts(), n=1, greedy=True).batch["responses"]
+    size = sum(p.numel() for p in rollout.module.parameters())
+    rollout.sleep()
+    assert sum(p.numel() for p in rollout.module.parameters()) == 0  # nothing held while the actor trains
+    with pytest.raises(RuntimeError, match="weights were released"):
+        rollout.generate(_prompts(), n=1)
+    with pytest.raises(KeyError, match="lack"):  # a partial sync cannot wake it
+        rollout.update_weights([("model.norm.weight", torch.ones(32))])
+    with pytest.raises(RuntimeError, match="weights were released"):
+        rollout.generate(_prompts(), n=1)
+    moved = rollout.update_weights(actor.weights())
+    assert moved == 4 * size  # float32: every parameter sent once
+    assert torch.equal(rollout.generate(_prompts(), n=1, greedy=True).batch["responses"], before)
+
+
+def test_sleep_keeps_a_shared_module(gloo_world_one, llama_dir):  # noqa: F811
+    actor = _actor(llama_dir)
+    rollout = _rollout(llama_dir, actor)
+    rollout.sleep()
+    assert sum(p.numel() for p in actor.model.parameters()) > 0
+    rollout.generate(_prompts(), n=1, greedy=True)

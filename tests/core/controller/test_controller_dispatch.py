@@ -174,6 +174,31 @@ def test_worker_dispatch_info_default_and_set():
         worker.set_dispatch_info(2, 2, True)
 
 
+def test_worker_dispatch_info_per_mesh_falls_back_to_train():
+    worker = Worker()
+    assert worker.dispatch_info("rollout") == info(0, 1)
+    worker.set_dispatch_info(0, 1, False)  # train
+    assert worker.dispatch_info("rollout") == info(0, 1, False)  # unset: the train layout
+    worker.set_dispatch_info(0, 1, True, mesh="rollout")
+    assert worker.dispatch_info("rollout") == info(0, 1) and worker.dispatch_info() == info(0, 1, False)
+
+
+def test_register_records_the_mesh():
+    class W(Worker):
+        @register(Dispatch.DP_COMPUTE, mesh="rollout")
+        def gen(self, data):
+            return data
+
+        @register(Dispatch.DP_COMPUTE)
+        def train(self, data):
+            return data
+
+    specs = registered_methods(W)
+    assert specs["gen"].mesh == "rollout" and specs["train"].mesh == "train"
+    with pytest.raises(TypeError, match="register\\(mesh=...\\) takes a layout name"):
+        register(Dispatch.DP_COMPUTE, mesh="")
+
+
 # ---------------------------------------------------------------------------------------------
 # @register
 # ---------------------------------------------------------------------------------------------

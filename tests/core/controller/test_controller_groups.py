@@ -72,6 +72,15 @@ class EchoWorker(Worker):
     def count_rows(self, data: DataProto) -> tuple[int, int]:
         return self.rank, len(data)
 
+    @register(Dispatch.ALL_TO_ALL)
+    def set_rollout_layout(self, dp_rank: int, dp_size: int, collect: bool) -> None:
+        self.set_dispatch_info(dp_rank, dp_size, collect, mesh="rollout")
+
+    @register(Dispatch.DP_COMPUTE, mesh="rollout")
+    def count_rollout_rows(self, data: DataProto) -> tuple[int, int]:
+        """Split by the "rollout" layout."""
+        return self.rank, len(data)
+
     @register(Dispatch.DP_COMPUTE)
     def mutate(self, data: DataProto) -> int:
         data.batch["ids"].mul_(100)  # in place: must not reach the driver's batch
@@ -189,6 +198,18 @@ def test_dp_compute_splits_by_dp_rank_and_gathers_in_dp_order(group):
     assert out.batch["rank"].tolist() == [1, 1, 0, 0]
     assert group.execute_all("last_seen") == [[2, 3], [0, 1]]
     assert group.count_rows(batch(4)) == [(1, 2), (0, 2)]  # non-DataProto results: a list in dp order
+
+
+def test_methods_split_by_their_own_mesh(group):
+    # A megatron actor with TP=2 (one replica) beside a rollout with TP=1 (two replicas) in the same workers.
+    group.set_layout([0, 0], [1, 1], [True, False])
+    group.refresh_dispatch_info()
+    assert group.count_rows(batch(4)) == [(0, 4)]
+    assert group.count_rollout_rows(batch(4)) == [(0, 4)]  # no "rollout" layout set: the train one
+    group.set_rollout_layout([0, 1], [2, 2], [True, True])
+    group.refresh_dispatch_info()
+    assert group.count_rollout_rows(batch(4)) == [(0, 2), (1, 2)]
+    assert group.count_rows(batch(4)) == [(0, 4)]
 
 
 def test_dp_size_below_world_models_tensor_parallel(group):

@@ -416,12 +416,19 @@ class MegatronEngine:
         self.hf_config.save_pretrained(hf_dir)
         copy_tokenizer_files(self.cfg.model_path, hf_dir)
         with open(os.path.join(path, CHECKPOINT_META), "w") as f:
-            json.dump({"backend": "megatron", "kind": self.cfg.kind, "format": "megatron-dist-checkpoint"}, f)
+            dtype = str(self.dtype).removeprefix("torch.")
+            json.dump({"backend": "megatron", "kind": self.cfg.kind, "dtype": dtype, "format": "megatron-dist"}, f)
 
     def load_checkpoint(self, path: str, *, model_only: bool = False) -> None:
         """Restore a checkpoint of this engine (saved at any TP/PP); model_only: weights alone (export)."""
         from verl_megatron import checkpoint
 
+        if self.optimizer is not None and not model_only:
+            # A fresh optimizer has no state to load into (megatron reads its step count from it): take one
+            # step with zero gradients, as megatron itself does before loading; the load overwrites it all.
+            for inner in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+                if not inner.optimizer.state:
+                    inner._init_optimizer_states_with_dummy_values()
         state = self._sharded_state(loading=True)
         if model_only:
             state.pop("optimizer", None)

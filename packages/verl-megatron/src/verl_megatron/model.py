@@ -102,7 +102,7 @@ class GPTHidden(GPTModel):
         if getattr(self, "value_head", None) is None:
             return super().sharded_state_dict(prefix, sharded_offsets, metadata)
         # A value model has no output layer for GPTModel's tie/padding logic to look at.
-        from megatron.core.utils import ensure_metadata_has_dp_cp_group
+        from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
 
         return MegatronModule.sharded_state_dict(
             self, prefix, sharded_offsets, ensure_metadata_has_dp_cp_group(metadata)

@@ -2,8 +2,9 @@
 
 Colocated with the actor (the hybrid engine), it generates with the actor's own module: the FSDP shards are
 gathered for the duration of generation and released after, so no second copy of the weights exists and a
-weight sync moves nothing. Built without a shared module, it loads its own copy and takes new weights
-from the actor's per-tensor iterator.
+weight sync moves nothing. Built without a shared module (a megatron actor, whose shards HF cannot run), it
+keeps its own copy, takes new weights from the actor's per-tensor iterator, and releases that copy while
+asleep (`sleep()`, during the actor's update), so the copy exists only between a weight sync and training.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import Callable, ContextManager, Optional
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
-
 from verl.engine import Weights
 from verl.protocol import DataProto
 
@@ -50,6 +50,7 @@ class HFRollout:
             module.to(self.device)
         self.module = module
         self.gather = gather or contextlib.nullcontext
+        self._released: Optional[dict] = None  # name -> shape of parameters released by sleep()
 
     def _generation_config(self, greedy: bool) -> GenerationConfig:
         sample = not greedy and self.cfg.temperature > 0
@@ -72,6 +73,11 @@ class HFRollout:
 
     @torch.no_grad()
     def generate(self, prompts: DataProto, *, n: int = 1, greedy: bool = False) -> DataProto:
+        if self._released is not None:
+            raise RuntimeError(
+                "the rollout's weights were released (sleep, while the actor trained); sync the actor's weights "
+                "into it (update_weights) before generating"
+            )
         if n > 1:
             prompts = prompts.repeat(n, interleave=True)
         ids = prompts.batch["input_ids"].to(self.device)
@@ -112,20 +118,42 @@ class HFRollout:
         return DataProto.from_dict(tensors, dict(prompts.non_tensor_batch), dict(prompts.meta_info))
 
     def update_weights(self, weights: Weights) -> int:
-        """Copy new weights into this engine's own module; a shared module already has them (0 bytes)."""
+        """Copy new weights into this engine's own module; a shared module already has them (0 bytes).
+
+        After a sleep every parameter must arrive (the released ones hold no values)."""
         if self.shared:
             return 0  # the iterator is lazy: not consuming it gathers nothing
+        released = self._released
+        self.wake()
         params = dict(self.module.named_parameters())
-        moved = 0
+        moved, seen = 0, set()
         for name, tensor in weights:
             if name not in params:
                 raise KeyError(f"rollout model has no parameter '{name}' (the actor and rollout models differ)")
             params[name].data.copy_(tensor.to(params[name].device, params[name].dtype))
             moved += tensor.numel() * tensor.element_size()
+            seen.add(name)
+        missing = sorted(set(released or ()) - seen)
+        if missing:
+            self._released = released  # still without values: refuse to generate with them
+            raise KeyError(f"the weights sent after a sleep lack {missing[:5]} ({len(missing)} in all)")
         return moved
 
     def sleep(self) -> None:
-        """Nothing to release: transformers keeps no KV cache between generate calls."""
+        """Release this engine's own copy of the weights (a shared module is the actor's: kept).
+
+        transformers keeps no KV cache between generate calls, so the weights are all there is to free."""
+        if self.shared or self._released is not None:
+            return
+        self._released = {}
+        for name, p in self.module.named_parameters():
+            self._released[name] = p.shape
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
 
     def wake(self) -> None:
-        pass
+        """Allocate the released parameters again (uninitialised: update_weights fills them)."""
+        if self._released is None:
+            return
+        for name, p in self.module.named_parameters():
+            p.data = torch.empty(self._released[name], dtype=p.dtype, device=p.device)
+        self._released = None

@@ -8,8 +8,11 @@ turns each such method into a method of the group, and a call on it goes through
 
 Both are pure (no Ray), so the Ray group and the in-process local group share them exactly.
 
-`infos` is each rank's `Worker.dispatch_info()` (read through `read_dispatch_infos`): its data-parallel
-rank, the data-parallel size, and whether the driver collects its result. With TP=2 over 4 ranks, for
+`infos` is each rank's `Worker.dispatch_info(mesh)` (read through `read_dispatch_infos`): its data-parallel
+rank, the data-parallel size, and whether the driver collects its result. A worker may lay its ranks out
+differently for different methods (a megatron actor trains with TP=2, dp=1, while the rollout beside it
+generates with TP=1, dp=2): each DP_COMPUTE method names its layout, `mesh` ("train" unless registered
+otherwise), and a mesh a worker never set falls back to its "train" layout. With TP=2 over 4 ranks, for
 example, ranks 0,1 are dp rank 0 and ranks 2,3 dp rank 1; both ranks of a TP group get the same chunk
 and only the first one's result is collected. The other ranks' results are still fetched (that is how
 their errors surface) and then dropped, so a worker may return None on ranks that are not collected.
@@ -39,6 +42,7 @@ class MethodSpec:
 
     dispatch: Dispatch
     blocking: bool  # False: the group call returns a handle at once; handle.get() waits and gathers
+    mesh: str = "train"  # which of the worker's data-parallel layouts DP_COMPUTE splits by
 
 
 @dataclass(frozen=True)
@@ -56,10 +60,11 @@ SPEC_ATTR = "__verl_dispatch__"
 RankCall = tuple[tuple, dict] | None
 
 
-def register(dispatch: Dispatch = Dispatch.ONE_TO_ALL, *, blocking: bool = True) -> Callable:
+def register(dispatch: Dispatch = Dispatch.ONE_TO_ALL, *, blocking: bool = True, mesh: str = "train") -> Callable:
     """Mark a worker method as callable from the driver through a worker group.
 
-    Usable as `@register`, `@register(Dispatch.DP_COMPUTE)` or `@register(Dispatch.ONE_TO_ALL, blocking=False)`.
+    Usable as `@register`, `@register(Dispatch.DP_COMPUTE)`, `@register(Dispatch.ONE_TO_ALL, blocking=False)`
+    or `@register(Dispatch.DP_COMPUTE, mesh="rollout")` (split by the worker's "rollout" layout).
     The method itself is unchanged (a worker calling it directly gets a plain call). An override in a
     subclass keeps the base's registration unless it is decorated itself.
     """
@@ -68,11 +73,13 @@ def register(dispatch: Dispatch = Dispatch.ONE_TO_ALL, *, blocking: bool = True)
     if not isinstance(dispatch, Dispatch):
         names = ", ".join(f"Dispatch.{d.name}" for d in Dispatch)
         raise TypeError(f"register(dispatch=...) takes a Dispatch ({names}), got {dispatch!r}")
+    if not isinstance(mesh, str) or not mesh:
+        raise TypeError(f"register(mesh=...) takes a layout name such as 'train' or 'rollout', got {mesh!r}")
 
     def decorate(fn: Callable) -> Callable:
         if not inspect.isfunction(fn):
             raise TypeError(f"@register decorates a plain method (def name(self, ...)), got {fn!r}")
-        setattr(fn, SPEC_ATTR, MethodSpec(dispatch, blocking))
+        setattr(fn, SPEC_ATTR, MethodSpec(dispatch, blocking, mesh))
         return fn
 
     return decorate

@@ -97,20 +97,24 @@ class Worker:
             timeout=datetime.timedelta(seconds=timeout_s),
         )
 
-    def dispatch_info(self) -> dict[str, Any]:
-        """This rank's place in the data-parallel layout, read by the group for DP_COMPUTE methods.
+    def dispatch_info(self, mesh: str = "train") -> dict[str, Any]:
+        """This rank's place in the data-parallel layout `mesh`, read by the group for DP_COMPUTE methods.
 
         Default: every rank is its own dp rank and is collected. A worker whose engine splits ranks into
         model-parallel groups calls `set_dispatch_info` once it knows its layout (before the first
-        DP_COMPUTE call: the group reads this once and keeps it; see `refresh_dispatch_info`).
+        DP_COMPUTE call: the group reads this once per mesh and keeps it; see `refresh_dispatch_info`).
+        A mesh never set is the "train" one.
         """
-        info = getattr(self, "_verl_dispatch_info", None)
+        infos = getattr(self, "_verl_dispatch_info", {})
+        info = infos.get(mesh, infos.get("train"))
         if info is not None:
             return dict(info)
         return {"dp_rank": self.rank, "dp_size": self.world_size, "collect": True}
 
-    def set_dispatch_info(self, dp_rank: int, dp_size: int, collect: bool) -> None:
-        """Set what `dispatch_info()` returns, e.g. dp rank from the engine's mesh, collect on tp rank 0."""
+    def set_dispatch_info(self, dp_rank: int, dp_size: int, collect: bool, mesh: str = "train") -> None:
+        """Set what `dispatch_info(mesh)` returns, e.g. dp rank from the engine's mesh, collect on tp rank 0."""
         if not 0 <= dp_rank < dp_size:
             raise ValueError(f"set_dispatch_info: dp_rank={dp_rank} must be in 0..dp_size-1 (dp_size={dp_size})")
-        self._verl_dispatch_info = {"dp_rank": int(dp_rank), "dp_size": int(dp_size), "collect": bool(collect)}
+        if not hasattr(self, "_verl_dispatch_info"):
+            self._verl_dispatch_info: dict[str, dict[str, Any]] = {}
+        self._verl_dispatch_info[mesh] = {"dp_rank": int(dp_rank), "dp_size": int(dp_size), "collect": bool(collect)}

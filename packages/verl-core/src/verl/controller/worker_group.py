@@ -62,7 +62,7 @@ class WorkerGroup(Protocol):
 
     def execute_rank_zero(self, method: str, *args: Any, **kwargs: Any) -> Any: ...
 
-    def refresh_dispatch_info(self) -> list[dict]: ...
+    def refresh_dispatch_info(self, mesh: str = "train") -> list[dict]: ...
 
     def shutdown(self) -> None: ...
 
@@ -276,7 +276,7 @@ class RayWorkerGroup:
         except WorkerError:
             self.shutdown()
             raise
-        self._infos: list[DispatchInfo] | None = None
+        self._infos: dict[str, list[DispatchInfo]] = {}
         attach_methods(self, worker_cls, self.methods, self._call)
 
     def _actor_options(self, slot: Slot, env: dict[str, str]) -> dict[str, Any]:
@@ -309,7 +309,7 @@ class RayWorkerGroup:
     def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
         spec = self.methods[name]
         label = _label(self.role, name)
-        infos = self._dispatch_infos() if spec.dispatch is Dispatch.DP_COMPUTE else None
+        infos = self._dispatch_infos(spec.mesh) if spec.dispatch is Dispatch.DP_COMPUTE else None
         per_rank = _put_shared(split(spec.dispatch, label, args, kwargs, self.world_size, infos))
         refs = [
             None if call is None else getattr(actor, name).remote(*call[0], **call[1])
@@ -335,15 +335,15 @@ class RayWorkerGroup:
         """Call any worker method on rank 0 only; its result."""
         return self._run(method, split(Dispatch.RANK_ZERO, method, args, kwargs, self.world_size))[0]
 
-    def _dispatch_infos(self) -> list[DispatchInfo]:
-        if self._infos is None:
-            self._infos = read_dispatch_infos(self.role, self.execute_all("dispatch_info"))
-        return self._infos
+    def _dispatch_infos(self, mesh: str = "train") -> list[DispatchInfo]:
+        if mesh not in self._infos:
+            self._infos[mesh] = read_dispatch_infos(self.role, self.execute_all("dispatch_info", mesh))
+        return self._infos[mesh]
 
-    def refresh_dispatch_info(self) -> list[dict]:
-        """Re-read every rank's dispatch_info() (the group reads it once, at the first DP_COMPUTE call)."""
-        self._infos = None
-        return [vars(info).copy() for info in self._dispatch_infos()]
+    def refresh_dispatch_info(self, mesh: str = "train") -> list[dict]:
+        """Re-read every rank's dispatch_info() (the group reads each mesh once, at its first DP_COMPUTE call)."""
+        self._infos = {}
+        return [vars(info).copy() for info in self._dispatch_infos(mesh)]
 
     def shutdown(self) -> None:
         """Kill the actors (the pool's reservation stays: other groups may share it; see ResourcePool.remove)."""
@@ -409,7 +409,7 @@ class LocalWorkerGroup:
             self.worker = worker_cls(*copy.deepcopy(args), **copy.deepcopy(kwargs))
         except Exception as err:
             raise WorkerError(role, "__init__", {0: _local_traceback(err)}, {0: err}, 1) from err
-        self._infos: list[DispatchInfo] | None = None
+        self._infos: dict[str, list[DispatchInfo]] = {}
         attach_methods(self, worker_cls, self.methods, self._call)
 
     def __getattr__(self, name: str) -> Any:
@@ -429,7 +429,7 @@ class LocalWorkerGroup:
     def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
         spec = self.methods[name]
         label = _label(self.role, name)
-        infos = self._dispatch_infos() if spec.dispatch is Dispatch.DP_COMPUTE else None
+        infos = self._dispatch_infos(spec.mesh) if spec.dispatch is Dispatch.DP_COMPUTE else None
         (call,) = split(spec.dispatch, label, args, kwargs, 1, infos)
         try:
             results, error = [self._run_one(name, call)], None
@@ -452,14 +452,14 @@ class LocalWorkerGroup:
     def execute_rank_zero(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self.execute_all(method, *args, **kwargs)[0]
 
-    def _dispatch_infos(self) -> list[DispatchInfo]:
-        if self._infos is None:
-            self._infos = read_dispatch_infos(self.role, self.execute_all("dispatch_info"))
-        return self._infos
+    def _dispatch_infos(self, mesh: str = "train") -> list[DispatchInfo]:
+        if mesh not in self._infos:
+            self._infos[mesh] = read_dispatch_infos(self.role, self.execute_all("dispatch_info", mesh))
+        return self._infos[mesh]
 
-    def refresh_dispatch_info(self) -> list[dict]:
-        self._infos = None
-        return [vars(info).copy() for info in self._dispatch_infos()]
+    def refresh_dispatch_info(self, mesh: str = "train") -> list[dict]:
+        self._infos = {}
+        return [vars(info).copy() for info in self._dispatch_infos(mesh)]
 
     def shutdown(self) -> None:
         self.worker = None

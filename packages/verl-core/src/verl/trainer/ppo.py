@@ -202,9 +202,12 @@ class PPOTrainer:
         return metrics
 
     def sync_weights(self) -> Dict[str, float]:
+        """Actor -> rollout weights: bytes the rollouts loaded and bytes exchanged between ranks to assemble them
+        (all ranks summed), and the slowest rank's seconds."""
         per_rank = self.workers.actor_rollout.sync_weights()
         return {
             "perf/weight_sync_bytes": sum(r["bytes"] for r in per_rank),
+            "perf/weight_sync_comm_bytes": sum(r.get("comm_bytes", 0.0) for r in per_rank),
             "timing/weight_sync_s": max(r["seconds"] for r in per_rank),
         }
 

@@ -66,8 +66,15 @@ class ActorRolloutRefWorker(Worker):
         engine = self.actor or self.ref
         if engine is not None:  # batches are split by the train engine's data-parallel layout
             self.set_dispatch_info(*engine.data_parallel_info())
+        if self.rollout is not None and hasattr(self.actor, "generation_dispatch_info"):
+            # The rollout's own layout (HybridFlow's generation replicas): e.g. a TP=2 actor feeds two TP=1
+            # rollout replicas, each generating half of the prompts. Otherwise generation follows the actor's.
+            self.set_dispatch_info(*self.actor.generation_dispatch_info(self._rollout_tp()), mesh="rollout")
 
-    @register(Dispatch.DP_COMPUTE)
+    def _rollout_tp(self) -> int:
+        return int(self.cfg.rollout.parallel.tp or 1)
+
+    @register(Dispatch.DP_COMPUTE, mesh="rollout")
     def generate(self, prompts: DataProto) -> DataProto:
         greedy = bool(prompts.meta_info.get("greedy", False))
         n = int(prompts.meta_info.get("n", 1))
@@ -94,6 +101,8 @@ class ActorRolloutRefWorker(Worker):
 
     @register(Dispatch.DP_COMPUTE)
     def update_actor(self, batch: DataProto) -> Dict[str, float]:
+        if self.rollout is not None:  # the hybrid engine: no generation memory held while the actor trains
+            self.rollout.sleep()
         a = self.cfg.actor
         dp = self.dispatch_info()["dp_size"]
         metrics = run_minibatches(
@@ -111,10 +120,21 @@ class ActorRolloutRefWorker(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def sync_weights(self) -> Dict[str, float]:
-        """Push the actor's new weights into the rollout engine; bytes moved and seconds taken."""
+        """Push the actor's new weights into the rollout engine, in the rollout's layout.
+
+        bytes: what the rollout loaded; comm_bytes: what reached this rank from other ranks to assemble it
+        (tensor-parallel gathers, pipeline broadcasts); seconds: the whole sync on this rank."""
         start = time.perf_counter()
-        moved = self._need("rollout").update_weights(self._need("actor").weights())
-        return {"bytes": float(moved), "seconds": time.perf_counter() - start}
+        actor, rollout = self._need("actor"), self._need("rollout")
+        tp = self._rollout_tp()
+        rollout.wake()
+        moved = rollout.update_weights(actor.weights() if tp == 1 else actor.weights(gen_tp=tp))
+        stats = getattr(actor, "last_sync", None)
+        return {
+            "bytes": float(moved),
+            "comm_bytes": float(getattr(stats, "received_bytes", 0)),
+            "seconds": time.perf_counter() - start,
+        }
 
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
@@ -125,6 +145,8 @@ class ActorRolloutRefWorker(Worker):
     def load_checkpoint(self, path: str) -> None:
         if self.actor is not None:
             self.actor.load_checkpoint(f"{path}/actor")
+            if self.rollout is not None:  # a rollout with its own copy must generate with the restored weights
+                self.sync_weights()
 
     @register(Dispatch.ONE_TO_ALL)
     def export_hf(self, path: str) -> None:
