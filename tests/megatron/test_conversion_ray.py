@@ -95,13 +95,13 @@ def _hf_state(path: str) -> dict:
     return load_file(f"{path}/model.safetensors")
 
 
-def _check_log_probs(results: list, path: str, batch: DataProto) -> float:
+def _check_log_probs(results: list, path: str, batch: DataProto, atol: float = LOGPROB_ATOL) -> float:
     want = _hf_log_probs(path, batch)
     valid = batch.batch["response_mask"].bool()
     worst = 0.0
     for out in results:  # every rank returns the last stage's outputs
         diff = (out["log_probs"] - want).abs()[valid].max().item()
-        assert diff <= LOGPROB_ATOL, diff
+        assert diff <= atol, diff
         worst = max(worst, diff)
     return worst
 

@@ -64,16 +64,29 @@ class EngineWorker(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def hf_weights(self, name: str, gen_tp: int = 1) -> Dict[str, torch.Tensor]:
-        return {k: v.clone() for k, v in self.engines[name].weights(gen_tp)}
+        return {k: v.cpu().clone() for k, v in self.engines[name].weights(gen_tp)}
 
     @register(Dispatch.ONE_TO_ALL)
     def infer(self, name: str, batch: DataProto, micro_batch_size: int = 2) -> Dict[str, torch.Tensor]:
         out = self.engines[name].infer(batch, micro_batch_size=micro_batch_size, entropy=True)
-        return {k: v for k, v in out.batch.items()}
+        return {k: v.cpu() for k, v in out.batch.items()}
 
     @register(Dispatch.ONE_TO_ALL)
     def export(self, name: str, path: str) -> None:
         self.engines[name].export_hf(path)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def train(self, name: str, batch: DataProto) -> Dict[str, float]:
+        def nll(out, mb):
+            mask = mb.batch["response_mask"]
+            loss = -(out["log_probs"] * mask).sum() / mask.sum()
+            return loss, {"nll": float(loss)}
+
+        return self.engines[name].train_step(batch, nll, micro_batch_size=2)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def save(self, name: str, path: str) -> None:
+        self.engines[name].save_checkpoint(path)
 
     @register(Dispatch.ONE_TO_ALL)
     def sync_stats(self, name: str) -> Dict[str, int]:

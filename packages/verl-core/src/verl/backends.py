@@ -14,7 +14,7 @@ import importlib.util
 import pkgutil
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Dict, List, Literal, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple
 
 from verl.config.errors import ConfigProblem
 
@@ -30,9 +30,24 @@ class BackendSpec:
     requires: Tuple[str, ...] = ()  # third-party modules it imports at run time
     extra: Optional[str] = None  # pip requirement that brings `requires`, e.g. "verl-rollout[vllm]"
     engine: Optional[str] = None  # "module:Class" implementing verl.engine.TrainEngine / RolloutEngine
+    # Optional tools of a train backend, loaded only when used ("module:function"):
+    model_info: Optional[str] = None  # (model_path, parallel: dict, kind) -> lines describing the built model
+    exporter: Optional[str] = None  # (checkpoint_dir, out_dir) -> writes a Hugging Face folder
 
     def missing_requirements(self) -> List[str]:
         return [m for m in self.requires if not _module_available(m)]
+
+    def load(self, field: str) -> Any:
+        """The object a "module:name" field names, imported now (with an install hint if that fails)."""
+        target = getattr(self, field)
+        if not target:
+            raise ValueError(f"backend '{self.name}' ({self.package}) provides no {field}")
+        module, _, name = target.partition(":")
+        try:
+            return getattr(importlib.import_module(module), name)
+        except ImportError as e:
+            hint = f"pip install {self.extra}" if self.extra else f"pip install {self.package}"
+            raise ImportError(f"backend '{self.name}' failed to import ({e}); {hint}") from e
 
 
 # Every backend the project ships, so a recipe naming one whose package is absent gets the package to install.

@@ -2,6 +2,7 @@
 
     verl validate RECIPE [key=value ...]
     verl train RECIPE [--dry-run] [key=value ...]
+    verl export CHECKPOINT OUT [--backend megatron]
     verl info
 
 Exit codes: 0 success, 2 a bad recipe or bad arguments (every problem is printed to stderr).
@@ -29,7 +30,7 @@ LIBRARIES = ("torch", "transformers", "ray", "megatron-core", "vllm", "sglang", 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl", description="RL post-training for LLMs (HybridFlow).")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{validate,train,info}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{validate,train,export,info}")
     validate = sub.add_parser("validate", help="check a recipe and print the resolved config and plan")
     validate.add_argument("recipe", help="a recipe YAML file")
     validate.add_argument("overrides", nargs="*", help="key=value overrides, applied in order")
@@ -37,6 +38,10 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("recipe", help="a recipe YAML file")
     train.add_argument("overrides", nargs="*", help="key=value overrides, applied in order")
     train.add_argument("--dry-run", action="store_true", help="validate and plan only; start nothing")
+    export = sub.add_parser("export", help="write a Hugging Face folder from a training checkpoint")
+    export.add_argument("checkpoint", help="a role's checkpoint folder, e.g. <checkpoints>/step_100/actor")
+    export.add_argument("out", help="the Hugging Face folder to write")
+    export.add_argument("--backend", default="megatron", help="the train backend that wrote the checkpoint")
     sub.add_parser("info", help="installed backends, library versions and devices")
     return parser
 
@@ -50,7 +55,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     unknown = [a for a in rest if a.startswith("-")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if rest and args.command == "info":
+    if rest and args.command in ("info", "export"):
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if rest:
         args.overrides = list(args.overrides) + rest
@@ -90,8 +95,41 @@ def _check(recipe: str, overrides: Sequence[str], strict: bool, show_config: boo
         return cfg, None, EXIT_BAD_CONFIG
     print("# plan")
     print(format_plan(plan) if plan is not None else "(no plan: the placement has errors, listed below)")
+    if show_config and plan is not None:
+        problems += _print_models(cfg)
     _print_problems(problems, sys.stderr)
     return cfg, plan, EXIT_BAD_CONFIG if errors(problems) else EXIT_OK
+
+
+MODEL_ROLES = (("actor", "causal_lm"), ("critic", "value"))
+
+
+def _print_models(cfg: Any) -> List[ConfigProblem]:
+    """The "# model" section: each train role whose backend builds models it can describe (megatron) builds
+    them here, on the meta device, and reports their size; a model it cannot build is a problem."""
+    from verl.placement import enabled_roles, role_backend, role_parallel
+
+    installed = installed_backends()
+    lines, problems = [], []
+    for role, kind in MODEL_ROLES:
+        spec = installed.get(role_backend(cfg, role) or "")
+        if role not in enabled_roles(cfg) or spec is None or not spec.model_info or spec.missing_requirements():
+            continue
+        path = str((cfg.critic.model_path if role == "critic" else None) or cfg.model.path)
+        if path.startswith("embedded:"):
+            lines.append(f"{role}: {path} is built at run time; not checked here")
+            continue
+        try:
+            described = spec.load("model_info")(path, role_parallel(cfg, role), kind=kind)
+        except (ValueError, RuntimeError, OSError) as e:
+            fix = f"use a model the {spec.name} backend supports, or {role}.backend=fsdp"
+            problems.append(ConfigProblem("model.path", f"{role} ({spec.name}) cannot build {path}: {e}", fix))
+            continue
+        lines += [f"{role}: {line}" for line in described]
+    if lines:
+        print("\n# model")
+        print("\n".join(lines))
+    return problems
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -121,6 +159,24 @@ def cmd_train(args: argparse.Namespace) -> int:
     if code != EXIT_OK:
         return code
     return start_trainer(cfg, plan, name=os.path.splitext(os.path.basename(args.recipe))[0])
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Convert a checkpoint into a Hugging Face folder with the backend's exporter (loaded only now)."""
+    spec = installed_backends().get(args.backend)
+    if spec is None or spec.kind != "train":
+        print(f"error: --backend {args.backend}: no installed train backend of that name (see `verl info`)", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    if not spec.exporter:
+        print(f"error: --backend {args.backend}: the backend writes Hugging Face folders itself (checkpoint.save_hf)", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    try:
+        weight_map = spec.load("exporter")(args.checkpoint, args.out)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    print(f"verl export: {len(weight_map)} tensors from {args.checkpoint} -> {args.out}")
+    return EXIT_OK
 
 
 def _version(distribution: str) -> Optional[str]:
@@ -178,7 +234,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"validate": cmd_validate, "train": cmd_train, "info": cmd_info}
+COMMANDS = {"validate": cmd_validate, "train": cmd_train, "export": cmd_export, "info": cmd_info}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -8,5 +8,7 @@ MEGATRON = BackendSpec(
     package="verl-megatron",
     requires=("megatron.core", "transformers"),
     engine="verl_megatron.engine:MegatronEngine",
+    model_info="verl_megatron.model_info:describe",
+    exporter="verl_megatron.export:export_checkpoint",
 )
 BACKENDS = (MEGATRON,)

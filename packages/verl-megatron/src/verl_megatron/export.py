@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import warnings
 from typing import Any, Dict, Iterable, Optional, Tuple
 
 import torch
@@ -92,7 +93,8 @@ def export_checkpoint(checkpoint: str, out: str, *, shard_bytes: int = SHARD_BYT
     """An HF folder at `out` from a megatron engine checkpoint at `checkpoint` (written at any TP/PP).
 
     Runs in this process as a world of one (gloo): megatron's distributed checkpoint is loaded resharded to
-    TP=1, PP=1 on CPU, then converted to HF names. Needs host memory for the model in its saved dtype.
+    TP=1, PP=1 on CPU in float32, then converted to HF names and written in the dtype it was trained in.
+    Needs host memory for the model in float32.
     """
     import torch.distributed as dist
     from verl.engine import EngineConfig
@@ -110,12 +112,16 @@ def export_checkpoint(checkpoint: str, out: str, *, shard_bytes: int = SHARD_BYT
     hf_dir = os.path.join(checkpoint, "hf_config")
     started = _init_world_of_one()
     try:
-        cfg = EngineConfig(model_path=hf_dir, kind=meta["kind"], device="cpu", dtype="float32")
-        engine = MegatronEngine(cfg, weights_from="checkpoint")
-        engine.load_checkpoint(checkpoint, model_only=True)
-        return write_hf_folder(
-            engine.weights(), out, engine.hf_config, kind=cfg.kind, tokenizer_from=hf_dir, shard_bytes=shard_bytes
-        )
+        with warnings.catch_warnings():  # megatron's notes on falling back from apex/TransformerEngine
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
+            cfg = EngineConfig(model_path=hf_dir, kind=meta["kind"], device="cpu", dtype="float32")
+            engine = MegatronEngine(cfg, weights_from="checkpoint")
+            engine.load_checkpoint(checkpoint, model_only=True)
+            dtype = getattr(torch, meta.get("dtype", "float32"))
+            weights = ((name, t.to(dtype)) for name, t in engine.weights())
+            return write_hf_folder(
+                weights, out, engine.hf_config, kind=cfg.kind, tokenizer_from=hf_dir, shard_bytes=shard_bytes
+            )
     finally:
         from verl_megatron.parallel import destroy_model_parallel
 

@@ -1,0 +1,132 @@
+"""The `verl` command with the megatron backend: the 8B recipe's model built on the meta device and counted, and
+`verl export` turning a TP=2 x PP=2 training checkpoint into a Hugging Face folder.
+
+The CLI runs in a child process (as a user runs it): the model check starts a fake process group, and export a
+world of one, which must not meet this test process's own torch.distributed state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import ray
+import torch
+from verl.config.schema import OptimConfig
+from verl.controller import ResourcePool, init_ray, make_worker_group
+from verl.protocol import DataProto
+
+from tests.megatron.workers import EngineWorker
+from tests.trainer.run_configs import RECIPES
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+ray.cloudpickle.register_pickle_by_value(sys.modules["tests.megatron.workers"])
+
+# Meta-Llama-3-8B's published architecture (config.json of the model card).
+LLAMA3_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "bos_token_id": 128000,
+    "eos_token_id": 128009,
+}
+
+
+def _verl(*argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "verl.cli", *argv], env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_llama3_8b_recipe_builds_its_megatron_model_and_counts_it(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
+    out = _verl("validate", str(RECIPES / "grpo_llama3_8b.yaml"), f"model.path={tmp_path}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    print(out.stdout[out.stdout.index("# model") :])
+    # HF count: embed + lm_head 2 * 128256 * 4096 = 1,050,673,152; per layer q/o 2 * 4096^2 = 33,554,432,
+    # k/v 2 * 1024 * 4096 = 8,388,608, MLP 3 * 4096 * 14336 = 176,160,768, norms 2 * 4096 = 8,192
+    # -> 218,112,000 x 32 = 6,979,584,000; final norm 4,096. Total 8,030,261,248.
+    assert "actor: parameters: 8,030,261,248 (8.03 B)" in out.stdout
+    # Per rank at TP=4, PP=2 (16 layers a stage): a layer holds a quarter of its matrices, 218,103,808 / 4 =
+    # 54,525,952, plus both norms whole, 8,192 -> 54,534,144; x 16 = 872,546,304. Stage 0 adds a quarter of
+    # the embedding (131,334,144), stage 1 the final norm (4,096) and a quarter of lm_head (131,334,144).
+    assert "TP=4 PP=2; parameters per rank: stage 0: 1,003,880,448, stage 1: 1,003,884,544" in out.stdout
+
+
+def test_a_model_megatron_cannot_build_is_a_validation_error(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA3_8B, "mlp_bias": True}))
+    out = _verl("validate", str(RECIPES / "grpo_llama3_8b.yaml"), f"model.path={tmp_path}")
+    assert out.returncode == 2
+    assert "error: model.path: actor (megatron) cannot build" in out.stderr and "mlp_bias=true" in out.stderr
+
+
+@pytest.fixture(scope="module")
+def ray_two_cpus():
+    if ray.is_initialized():
+        ray.shutdown()
+    init_ray(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+def _batch(vocab: int, rows: int = 4, prompt: int = 5, response: int = 3) -> DataProto:
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, vocab, (rows, prompt + response), generator=g)
+    mask = torch.ones_like(ids)
+    return DataProto.from_dict(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": mask.cumsum(-1) - 1,
+            "responses": ids[:, prompt:],
+            "response_mask": torch.ones(rows, response, dtype=torch.long),
+        }
+    )
+
+
+def test_export_reshards_a_tp2_pp2_checkpoint_into_hf(ray_two_cpus, tmp_path, embedded_cache):
+    from safetensors.torch import load_file
+    from verl.embedded.models import materialize_embedded_model
+
+    model = materialize_embedded_model("tiny-llama", embedded_cache)
+    pool = ResourcePool("megatron", nnodes=1, devices_per_node=4, cpus_per_device=0.5)
+    group = make_worker_group("ray", pool, EngineWorker, {"tp": 2, "pp": 2}, role="actor", env={"OMP_NUM_THREADS": "1"})
+    try:
+        group.load("actor", model, OptimConfig(lr=1e-2, weight_decay=0.0))
+        group.train("actor", _batch(vocab=83))  # weights that differ from the HF folder it started from
+        trained = group.hf_weights("actor")[0]
+        group.save("actor", str(tmp_path / "ckpt"))
+    finally:
+        group.shutdown()
+        pool.remove()
+    out = _verl("export", str(tmp_path / "ckpt"), str(tmp_path / "hf"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"verl export: {len(trained)} tensors" in out.stdout
+    exported = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    original = load_file(f"{model}/model.safetensors")
+    assert exported.keys() == trained.keys() == original.keys()
+    for key in trained:
+        assert torch.equal(exported[key], trained[key]), key  # bitwise: resharding moves bytes, never rounds
+    assert not torch.equal(exported["model.norm.weight"], original["model.norm.weight"])
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(os.listdir(tmp_path / "hf"))
+
+
+def test_export_refuses_what_is_not_a_megatron_checkpoint(tmp_path):
+    out = _verl("export", str(tmp_path), str(tmp_path / "hf"))
+    assert out.returncode == 2 and "is not a megatron engine checkpoint" in out.stderr
+    out = _verl("export", str(tmp_path), str(tmp_path / "hf"), "--backend", "fsdp")
+    assert out.returncode == 2 and "writes Hugging Face folders itself" in out.stderr
