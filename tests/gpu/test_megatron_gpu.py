@@ -64,6 +64,7 @@ def _batch(vocab: int, rows: int = 4, prompt: int = 6, response: int = 5):
 def test_tp1_log_probs_round_trip_and_a_step_on_one_gpu(model_dir):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
+
     from verl.config.schema import OptimConfig
     from verl.engine import EngineConfig
     from verl_megatron.engine import MegatronEngine
@@ -150,11 +151,11 @@ def test_grpo_tiny_megatron_steps_on_one_gpu(tmp_path):
 @pytest.mark.parametrize("parallel", [{"tp": 2}, {"pp": 2}], ids=["tp2", "pp2"])
 def test_two_gpu_log_probs_match_hf(model_dir, parallel):
     import ray
-    from verl.controller import ResourcePool, init_ray, make_worker_group
 
     from tests.megatron.test_conversion_ray import _batch as parity_batch
     from tests.megatron.test_conversion_ray import _check_log_probs
     from tests.megatron.workers import EngineWorker
+    from verl.controller import ResourcePool, init_ray, make_worker_group
 
     ray.cloudpickle.register_pickle_by_value(sys.modules["tests.megatron.workers"])
     init_ray(num_gpus=2)

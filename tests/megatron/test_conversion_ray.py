@@ -13,10 +13,10 @@ import sys
 import pytest
 import ray
 import torch
-from verl.controller import ResourcePool, init_ray, make_worker_group
-from verl.protocol import DataProto
 
 from tests.megatron.workers import EngineWorker, random_model_dir
+from verl.controller import ResourcePool, init_ray, make_worker_group
+from verl.protocol import DataProto
 
 # Test modules are not installed in the worker processes: ship these by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

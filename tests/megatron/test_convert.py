@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from verl_megatron.convert import Dims, PipelineSplit, Rule, plan
 from verl_megatron.hf_config import check_supported, gpt_model_kwargs, padded_vocab_size, rope
 

@@ -15,12 +15,12 @@ import sys
 import pytest
 import ray
 import torch
-from verl.config.schema import OptimConfig
-from verl.controller import ResourcePool, init_ray, make_worker_group
-from verl.protocol import DataProto
 
 from tests.megatron.workers import EngineWorker
 from tests.trainer.run_configs import RECIPES
+from verl.config.schema import OptimConfig
+from verl.controller import ResourcePool, init_ray, make_worker_group
+from verl.protocol import DataProto
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 ray.cloudpickle.register_pickle_by_value(sys.modules["tests.megatron.workers"])
@@ -100,6 +100,7 @@ def _batch(vocab: int, rows: int = 4, prompt: int = 5, response: int = 3) -> Dat
 
 def test_export_reshards_a_tp2_pp2_checkpoint_into_hf(ray_two_cpus, tmp_path, embedded_cache):
     from safetensors.torch import load_file
+
     from verl.embedded.models import materialize_embedded_model
 
     model = materialize_embedded_model("tiny-llama", embedded_cache)

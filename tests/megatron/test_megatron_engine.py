@@ -8,11 +8,11 @@ import types
 import pytest
 import torch
 import torch.distributed as dist
+
+from tests.engine_fixtures import free_port, make_llama_dir, random_batch
 from verl.config.schema import OptimConfig
 from verl.engine import EngineConfig
 from verl_megatron.sequences import pack
-
-from tests.engine_fixtures import free_port, make_llama_dir, random_batch
 
 LAYOUT = types.SimpleNamespace(tp=1, pp=1, vpp=None, cp=1, ep=1, dp=None)
 

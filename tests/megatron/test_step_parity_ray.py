@@ -14,13 +14,13 @@ from __future__ import annotations
 import pytest
 import ray
 import torch
+
+from tests.trainer.run_configs import tiny_config
 from verl.controller import init_ray, make_worker_group, pools_from_plan
 from verl.embedded.models import materialize_embedded_model
 from verl.placement import make_plan
 from verl.protocol import DataProto
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
-
-from tests.trainer.run_configs import tiny_config
 
 ROWS, P, R = 8, 6, 4
 WEIGHT_ATOL = 5e-8

@@ -9,9 +9,9 @@ import shutil
 
 import pytest
 import torch
-from verl.trainer.ppo import PPOTrainer
 
 from tests.trainer.run_configs import tiny_config
+from verl.trainer.ppo import PPOTrainer
 
 
 @pytest.fixture(autouse=True)

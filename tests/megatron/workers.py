@@ -6,6 +6,7 @@ import types
 from typing import Any, Dict, Optional
 
 import torch
+
 from verl.controller import Dispatch, Worker, register
 from verl.engine import EngineConfig
 from verl.protocol import DataProto

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from tests.engine_fixtures import gloo_world_one, llama_dir, make_llama_dir  # noqa: F401
 from verl.config.schema import OptimConfig, RolloutConfig
 from verl.engine import EngineConfig
 from verl.protocol import DataProto
 from verl_fsdp.engine import FSDPEngine
 from verl_rollout.hf import HFRollout, response_mask_until_eos
-
-from tests.engine_fixtures import gloo_world_one, llama_dir, make_llama_dir  # noqa: F401
 
 EOS, PAD = 2, 0
 

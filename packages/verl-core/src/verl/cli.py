@@ -165,10 +165,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     """Convert a checkpoint into a Hugging Face folder with the backend's exporter (loaded only now)."""
     spec = installed_backends().get(args.backend)
     if spec is None or spec.kind != "train":
-        print(f"error: --backend {args.backend}: no installed train backend of that name (see `verl info`)", file=sys.stderr)
+        print(
+            f"error: --backend {args.backend}: no installed train backend of that name (see `verl info`)",
+            file=sys.stderr,
+        )
         return EXIT_BAD_CONFIG
     if not spec.exporter:
-        print(f"error: --backend {args.backend}: the backend writes Hugging Face folders itself (checkpoint.save_hf)", file=sys.stderr)
+        print(
+            f"error: --backend {args.backend}: the backend writes Hugging Face folders itself (checkpoint.save_hf)",
+            file=sys.stderr,
+        )
         return EXIT_BAD_CONFIG
     try:
         weight_map = spec.load("exporter")(args.checkpoint, args.out)

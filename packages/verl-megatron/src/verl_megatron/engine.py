@@ -15,11 +15,11 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
+
 from verl.engine import EngineConfig, LossFn, Metrics
 from verl.protocol import DataProto
 from verl.utils.lr_schedule import lr_multiplier
 from verl.utils.rng import get_rng_state, set_rng_state
-
 from verl_megatron import cpu_compat, torch_adam_fix
 from verl_megatron.convert import PipelineSplit, SafetensorsFolder, dims_of, plan
 from verl_megatron.hf_config import DTYPES
@@ -161,6 +161,7 @@ class MegatronEngine:
     ) -> Dict[str, torch.Tensor]:
         """Per-token outputs aligned with `responses` from the last stage's hidden states [b, s, h]."""
         from megatron.core import parallel_state as mpu
+
         from verl_kernels import vocab_parallel_linear_logprob_entropy
 
         h = take(hidden, mb["predict_index"])

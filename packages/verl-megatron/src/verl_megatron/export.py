@@ -97,8 +97,8 @@ def export_checkpoint(checkpoint: str, out: str, *, shard_bytes: int = SHARD_BYT
     Needs host memory for the model in float32.
     """
     import torch.distributed as dist
-    from verl.engine import EngineConfig
 
+    from verl.engine import EngineConfig
     from verl_megatron.engine import CHECKPOINT_META, MegatronEngine
 
     meta_file = os.path.join(checkpoint, CHECKPOINT_META)

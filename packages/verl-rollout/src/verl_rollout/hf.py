@@ -14,6 +14,7 @@ from typing import Callable, ContextManager, Optional
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
+
 from verl.engine import Weights
 from verl.protocol import DataProto
 
