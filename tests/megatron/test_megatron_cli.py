@@ -25,24 +25,8 @@ from verl.protocol import DataProto
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 ray.cloudpickle.register_pickle_by_value(sys.modules["tests.megatron.workers"])
 
-# Meta-Llama-3-8B's published architecture (config.json of the model card).
-LLAMA3_8B = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "vocab_size": 128256,
-    "max_position_embeddings": 8192,
-    "rms_norm_eps": 1e-05,
-    "rope_theta": 500000.0,
-    "tie_word_embeddings": False,
-    "hidden_act": "silu",
-    "bos_token_id": 128000,
-    "eos_token_id": 128009,
-}
+# Meta-Llama-3-8B's published architecture (its config.json, no weights).
+LLAMA3_8B = RECIPES / "model_configs" / "Meta-Llama-3-8B"
 
 
 def _verl(*argv: str) -> subprocess.CompletedProcess:
@@ -52,9 +36,8 @@ def _verl(*argv: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_llama3_8b_recipe_builds_its_megatron_model_and_counts_it(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
-    out = _verl("validate", str(RECIPES / "grpo_llama3_8b.yaml"), f"model.path={tmp_path}")
+def test_llama3_8b_recipe_builds_its_megatron_model_and_counts_it():
+    out = _verl("train", str(RECIPES / "grpo_llama3_8b.yaml"), "--dry-run", f"model.path={LLAMA3_8B}")
     assert out.returncode == 0, out.stderr[-3000:]
     print(out.stdout[out.stdout.index("# model") :])
     # HF count: embed + lm_head 2 * 128256 * 4096 = 1,050,673,152; per layer q/o 2 * 4096^2 = 33,554,432,
@@ -68,7 +51,8 @@ def test_llama3_8b_recipe_builds_its_megatron_model_and_counts_it(tmp_path):
 
 
 def test_a_model_megatron_cannot_build_is_a_validation_error(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({**LLAMA3_8B, "mlp_bias": True}))
+    config = json.loads((LLAMA3_8B / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "mlp_bias": True}))
     out = _verl("validate", str(RECIPES / "grpo_llama3_8b.yaml"), f"model.path={tmp_path}")
     assert out.returncode == 2
     assert "error: model.path: actor (megatron) cannot build" in out.stderr and "mlp_bias=true" in out.stderr
