@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import types
 
@@ -160,3 +161,26 @@ def test_bad_settings_are_refused_by_name(world_one, llama):
         engine.train_step(random_batch(2, 4, 2), _nll, micro_batch_size=2)
     with pytest.raises(ValueError, match="micro_batch_size must be >= 1"):
         engine.infer(random_batch(2, 4, 2), micro_batch_size=0)
+
+
+def test_activation_recompute_gives_the_same_step(world_one, llama):
+    """model.gradient_checkpointing maps to megatron's full-layer recompute: same loss and weights, bit for bit."""
+    batch = random_batch(4, 6, 5, left_pad=2)
+    results = []
+    for recompute in (False, True):
+        engine = _engine(llama, gradient_checkpointing=recompute)
+        assert engine.config.recompute_granularity == ("full" if recompute else None)
+        metrics = engine.train_step(batch, _nll, micro_batch_size=2)
+        results.append((metrics, {k: v.clone() for k, v in engine.weights()}))
+    (m1, w1), (m2, w2) = results
+    assert m1 == m2
+    assert all(torch.equal(w1[k], w2[k]) for k in w1)
+
+
+def test_vpp_micro_batches_come_in_multiples_of_pp(world_one, llama):
+    engine = _engine(llama, optim=False)
+    engine.layout = dataclasses.replace(engine.layout, pp=2, vpp=2)  # only the split is asked of it here
+    assert [len(m) for m in engine._micro_batches(random_batch(5, 4, 2), 2)] == [2, 1, 1, 1]  # 3 -> 4 pieces
+    assert [len(m) for m in engine._micro_batches(random_batch(4, 4, 2), 1)] == [1, 1, 1, 1]
+    with pytest.raises(ValueError, match="multiple of pp=2"):
+        engine._micro_batches(random_batch(1, 4, 2), 1)

@@ -42,6 +42,8 @@ def load_hf_config(model_path: str, override: Dict[str, Any]) -> Any:
 
 
 class MegatronEngine:
+    """verl.engine.TrainEngine on megatron-core: this rank's chunks of the role's model, its optimizer shard."""
+
     def __init__(self, cfg: EngineConfig, *, weights_from: str = "hf"):
         """weights_from: "hf" loads cfg.model_path's safetensors; "checkpoint" leaves the weights for
         load_checkpoint (cfg.model_path then only needs config.json)."""
@@ -73,6 +75,9 @@ class MegatronEngine:
             dtype=self.dtype,
             device=cfg.device,
             gradient_checkpointing=cfg.gradient_checkpointing,
+            # Kept for training even though every weight is then loaded: megatron marks tensor-parallel parameters
+            # while initialising them, and without the marks the gradient norm counts TP shards as duplicates.
+            # Export (weights_from="checkpoint", TP=1, no optimizer) skips it.
             overrides={"perform_initialization": weights_from == "hf"},
         )
         chunks = build_chunks(self.hf_config, self.config, layout, kind=cfg.kind, te=self.te, seed=cfg.seed)
@@ -144,10 +149,17 @@ class MegatronEngine:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         micro = batch.split(micro_batch_size)
-        if self.layout.vpp and len(micro) < self.layout.pp:
-            # The interleaved schedule needs at least pp micro-batches: split finer.
-            size = max(1, len(batch) // self.layout.pp)
-            micro = batch.split(size)
+        pp = self.layout.pp
+        if self.layout.vpp and len(micro) % pp:
+            # The interleaved schedule runs micro-batches in groups of pp: make their number a multiple of pp
+            # (pieces as even as the rows allow, none larger than asked).
+            count = -(-len(micro) // pp) * pp
+            if count > len(batch):
+                raise ValueError(
+                    f"{len(batch)} rows cannot make a multiple of pp={pp} micro-batches, which the interleaved "
+                    "pipeline schedule (parallel.vpp) needs; use more rows or parallel.vpp=null"
+                )
+            micro = batch.chunk(count)
         return micro
 
     def _outputs(
