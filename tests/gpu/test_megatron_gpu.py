@@ -152,9 +152,7 @@ def test_grpo_tiny_megatron_steps_on_one_gpu(tmp_path):
 def test_two_gpu_log_probs_match_hf(model_dir, parallel):
     import ray
 
-    from tests.megatron.test_conversion_ray import _batch as parity_batch
-    from tests.megatron.test_conversion_ray import _check_log_probs
-    from tests.megatron.workers import EngineWorker
+    from tests.megatron.workers import EngineWorker, check_log_probs, parity_batch
     from verl.controller import ResourcePool, init_ray, make_worker_group
 
     ray.cloudpickle.register_pickle_by_value(sys.modules["tests.megatron.workers"])
@@ -164,7 +162,7 @@ def test_two_gpu_log_probs_match_hf(model_dir, parallel):
     try:
         group.load("m", model_dir)
         batch = parity_batch(vocab=64)
-        worst = _check_log_probs(group.infer("m", batch), model_dir, batch, atol=LOGPROB_ATOL)
+        worst = check_log_probs(group.infer("m", batch), model_dir, batch, atol=LOGPROB_ATOL)
         print(f"GPU {parallel}: max |log-prob - HF| = {worst:.2e}")
     finally:
         group.shutdown()

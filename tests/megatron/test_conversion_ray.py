@@ -14,15 +14,12 @@ import pytest
 import ray
 import torch
 
-from tests.megatron.workers import EngineWorker, random_model_dir
+from tests.megatron.workers import EngineWorker, check_log_probs, hf_model, parity_batch, random_model_dir
 from verl.controller import ResourcePool, init_ray, make_worker_group
-from verl.protocol import DataProto
 
 # Test modules are not installed in the worker processes: ship these by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 ray.cloudpickle.register_pickle_by_value(sys.modules["tests.megatron.workers"])
-
-LOGPROB_ATOL = 1e-5  # float32; measured differences are ~1e-6 (reduction order in attention and norms)
 
 
 @pytest.fixture(scope="module")
@@ -52,58 +49,10 @@ def _group(world: int, parallel: dict):
     return pool, group
 
 
-def _batch(vocab: int, rows: int = 4, prompt: int = 6, response: int = 5) -> DataProto:
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, vocab, (rows, prompt + response), generator=g)
-    mask = torch.ones_like(ids)
-    mask[0, :3] = 0  # left-padded prompts
-    mask[2, :1] = 0
-    response_mask = torch.ones(rows, response, dtype=torch.long)
-    response_mask[1, 3:] = 0  # a response that ended early: right padding
-    mask[:, prompt:] = response_mask
-    return DataProto.from_dict(
-        {
-            "input_ids": ids,
-            "attention_mask": mask,
-            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-            "responses": ids[:, prompt:],
-            "response_mask": response_mask,
-        }
-    )
-
-
-def _hf(path: str):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
-
-
-def _hf_log_probs(path: str, batch: DataProto) -> torch.Tensor:
-    b = batch.batch
-    r = b["responses"].shape[1]
-    with torch.no_grad():
-        logits = _hf(path)(
-            input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
-        ).logits
-    logp = torch.log_softmax(logits[:, -r - 1 : -1].float(), -1)
-    return logp.gather(-1, b["responses"][..., None]).squeeze(-1)
-
-
 def _hf_state(path: str) -> dict:
     from safetensors.torch import load_file
 
     return load_file(f"{path}/model.safetensors")
-
-
-def _check_log_probs(results: list, path: str, batch: DataProto, atol: float = LOGPROB_ATOL) -> float:
-    want = _hf_log_probs(path, batch)
-    valid = batch.batch["response_mask"].bool()
-    worst = 0.0
-    for out in results:  # every rank returns the last stage's outputs
-        diff = (out["log_probs"] - want).abs()[valid].max().item()
-        assert diff <= atol, diff
-        worst = max(worst, diff)
-    return worst
 
 
 @pytest.mark.parametrize("parallel", [{"tp": 2}, {"pp": 2}], ids=["tp2", "pp2"])
@@ -113,8 +62,8 @@ def test_log_probs_match_hf(ray_two_cpus, models, parallel):
         infos = group.load("llama", models["llama"])
         # TP=2: one replica, collected on tp rank 0; PP=2: one replica, collected on the last stage.
         assert infos == ([(0, 1, True), (0, 1, False)] if "tp" in parallel else [(0, 1, False), (0, 1, True)])
-        batch = _batch(vocab=83)
-        worst = _check_log_probs(group.infer("llama", batch), models["llama"], batch)
+        batch = parity_batch(vocab=83)
+        worst = check_log_probs(group.infer("llama", batch), models["llama"], batch)
         print(f"{parallel}: max |log-prob - HF| = {worst:.2e}")
     finally:
         group.shutdown()
@@ -133,9 +82,9 @@ def test_round_trip_and_parity_tp2_pp2_vpp2(ray_two_cpus, models, tmp_path):
                 assert weights.keys() == hf.keys(), (name, rank)
                 for key, tensor in hf.items():
                     assert torch.equal(weights[key], tensor), (name, rank, key)  # bitwise
-            vocab = _hf(path).config.vocab_size
-            batch = _batch(vocab=vocab)
-            worst = _check_log_probs(group.infer(name, batch), path, batch)
+            vocab = hf_model(path).config.vocab_size
+            batch = parity_batch(vocab=vocab)
+            worst = check_log_probs(group.infer(name, batch), path, batch)
             print(f"{name} tp2 pp2 vpp2: max |log-prob - HF| = {worst:.2e}")
         # The exported folder is the same model, bitwise.
         group.export("qwen3", str(tmp_path / "qwen3-export"))

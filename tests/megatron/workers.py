@@ -1,4 +1,5 @@
-"""A bare worker around one or more MegatronEngines, for multi-process tests through the project's Ray groups."""
+"""Helpers for megatron tests: random HF models, a parity batch and the HF reference log-probs, and a bare worker
+around MegatronEngines for multi-process tests through the project's Ray groups."""
 
 from __future__ import annotations
 
@@ -39,6 +40,57 @@ def random_model_dir(path: str, model_type: str, *, tie: bool, layers: int = 4, 
                 p.add_(0.1 * torch.randn_like(p))
     model.save_pretrained(path)
     return path
+
+
+LOGPROB_ATOL = 1e-5  # float32 on CPU; measured differences are ~5e-7 (reduction order in attention and norms)
+
+
+def parity_batch(vocab: int, rows: int = 4, prompt: int = 6, response: int = 5) -> DataProto:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, vocab, (rows, prompt + response), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # left-padded prompts
+    mask[2, :1] = 0
+    response_mask = torch.ones(rows, response, dtype=torch.long)
+    response_mask[1, 3:] = 0  # a response that ended early: right padding
+    mask[:, prompt:] = response_mask
+    return DataProto.from_dict(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+            "responses": ids[:, prompt:],
+            "response_mask": response_mask,
+        }
+    )
+
+
+def hf_model(path: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+def hf_log_probs(path: str, batch: DataProto) -> torch.Tensor:
+    b = batch.batch
+    r = b["responses"].shape[1]
+    with torch.no_grad():
+        logits = hf_model(path)(
+            input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
+        ).logits
+    logp = torch.log_softmax(logits[:, -r - 1 : -1].float(), -1)
+    return logp.gather(-1, b["responses"][..., None]).squeeze(-1)
+
+
+def check_log_probs(results: list, path: str, batch: DataProto, atol: float = LOGPROB_ATOL) -> float:
+    want = hf_log_probs(path, batch)
+    valid = batch.batch["response_mask"].bool()
+    worst = 0.0
+    for out in results:  # every rank returns the last stage's outputs
+        diff = (out["log_probs"] - want).abs()[valid].max().item()
+        assert diff <= atol, diff
+        worst = max(worst, diff)
+    return worst
 
 
 class EngineWorker(Worker):
