@@ -5,7 +5,6 @@ sharding kind saying how a tensor-parallel rank's shard is cut from them (`to_mc
 is put back (`to_hf`):
 
   replicate  norms, the value head                        every rank holds the whole tensor
-  column     (unused by the dense GPT rules; kept for completeness) rows split over tp
   row        o_proj, down_proj                            columns split over tp
   vocab      embed_tokens, lm_head                        rows padded to the padded vocabulary, then split over tp
   qkv        q/k/v_proj (GQA)                             per query group [its q heads; k; v]; groups split over tp
@@ -21,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -127,7 +126,6 @@ def _glu_to_hf(shards: List[Tensor], first: int, tp: int, d: Dims) -> List[Tenso
 
 SHARDING: Dict[str, Tuple[Callable, Callable]] = {
     "replicate": (_replicate_to_mcore, _replicate_to_hf),
-    "column": _split(0),
     "row": _split(1),
     "vocab": (_vocab_to_mcore, _vocab_to_hf),
     "qkv": (_qkv_to_mcore, _qkv_to_hf),
@@ -326,9 +324,6 @@ class SafetensorsFolder:
     def __contains__(self, name: str) -> bool:
         return name in self.files
 
-    def names(self) -> List[str]:
-        return list(self.files)
-
     def get(self, name: str) -> Tensor:
         if name not in self.files:
             raise KeyError(f"{self.path} has no tensor '{name}'")
@@ -336,14 +331,6 @@ class SafetensorsFolder:
         if file not in self._open:
             self._open[file] = self._safe_open(file, "pt")
         return self._open[file].get_tensor(name)
-
-
-def hf_to_mcore(
-    placements: Iterable[Placement], read: Callable[[str], Tensor], tp_rank: int, tp: int, dims: Dims
-) -> Iterator[Tuple[Placement, Tensor]]:
-    """This tensor-parallel rank's shard of each placement, read from HF tensors by `read(name)`."""
-    for p in placements:
-        yield p, p.rule.to_mcore([read(n) for n in p.hf_names], tp_rank, tp, dims)
 
 
 def mcore_to_hf(p: Placement, shards: List[Tensor], first: int, tp: int, dims: Dims) -> List[Tuple[str, Tensor]]:

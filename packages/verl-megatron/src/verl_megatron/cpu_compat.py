@@ -59,7 +59,6 @@ CUDA_MODULES = (
 TENSOR_SHIMMED = (
     ("megatron.core.optimizer.distrib_optimizer", "DistributedOptimizer._build_model_and_main_param_groups"),
     ("megatron.core.optimizer.distrib_optimizer", "DistributedOptimizer.get_parameter_state_dp_zero"),
-    ("megatron.core.optimizer.optimizer", "Float16OptimizerWithFloat16Params.__init__"),
     ("megatron.core.optimizer.clip_grads", "clip_grad_by_total_norm_fp32"),
     ("megatron.core.models.common.language_module.language_module", "LanguageModule.setup_embeddings_and_output_layer"),
 )

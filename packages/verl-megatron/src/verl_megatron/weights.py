@@ -194,7 +194,7 @@ def generation_shape(p: Placement, name: str, full: torch.Size, gen: GenerationG
         rows = dims.padded_vocab // g
         start = gen.gen_tp_rank * rows
         return torch.Size([max(0, min(rows, dims.vocab_size - start)), *full[1:]])
-    return torch.Size([full[0] // g, *full[1:]])  # column, qkv (heads and groups split evenly), glu
+    return torch.Size([full[0] // g, *full[1:]])  # qkv (heads and groups split evenly), glu
 
 
 def _broadcast_from_stage(p, pieces, layout, gen, dims, shapes, dtype, device, pp_group, stats) -> List[Tensor]:
