@@ -46,3 +46,17 @@ def tiny_model_dir(embedded_cache):
     from verl.embedded.models import materialize_embedded_model
 
     return materialize_embedded_model("tiny-llama", embedded_cache)
+
+
+@pytest.fixture(scope="module")
+def ray_two_cpus():
+    """A local Ray cluster with 2 CPUs for one test module (any earlier one is shut down first)."""
+    import ray
+
+    from verl.controller import init_ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    init_ray(num_cpus=2)
+    yield
+    ray.shutdown()

@@ -15,20 +15,11 @@ import ray
 import torch
 
 from tests.megatron.workers import EngineWorker, check_log_probs, hf_model, parity_batch, random_model_dir
-from verl.controller import ResourcePool, init_ray, make_worker_group
+from verl.controller import ResourcePool, make_worker_group
 
 # Test modules are not installed in the worker processes: ship these by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 ray.cloudpickle.register_pickle_by_value(sys.modules["tests.megatron.workers"])
-
-
-@pytest.fixture(scope="module")
-def ray_two_cpus():
-    if ray.is_initialized():
-        ray.shutdown()
-    init_ray(num_cpus=2)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

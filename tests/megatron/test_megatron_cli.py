@@ -12,14 +12,13 @@ import os
 import subprocess
 import sys
 
-import pytest
 import ray
 import torch
 
 from tests.megatron.workers import EngineWorker
 from tests.trainer.run_configs import RECIPES
 from verl.config.schema import OptimConfig
-from verl.controller import ResourcePool, init_ray, make_worker_group
+from verl.controller import ResourcePool, make_worker_group
 from verl.protocol import DataProto
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -56,15 +55,6 @@ def test_a_model_megatron_cannot_build_is_a_validation_error(tmp_path):
     out = _verl("validate", str(RECIPES / "grpo_llama3_8b.yaml"), f"model.path={tmp_path}")
     assert out.returncode == 2
     assert "error: model.path: actor (megatron) cannot build" in out.stderr and "mlp_bias=true" in out.stderr
-
-
-@pytest.fixture(scope="module")
-def ray_two_cpus():
-    if ray.is_initialized():
-        ray.shutdown()
-    init_ray(num_cpus=2)
-    yield
-    ray.shutdown()
 
 
 def _batch(vocab: int, rows: int = 4, prompt: int = 5, response: int = 3) -> DataProto:

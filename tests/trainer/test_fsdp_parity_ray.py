@@ -7,26 +7,16 @@ noise (atol 1e-6 on weights of size ~0.02-1).
 from __future__ import annotations
 
 import pytest
-import ray
 import torch
 
 from tests.trainer.run_configs import tiny_config
-from verl.controller import init_ray, make_worker_group, pools_from_plan
+from verl.controller import make_worker_group, pools_from_plan
 from verl.embedded.models import materialize_embedded_model
 from verl.placement import make_plan
 from verl.protocol import DataProto
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
 ROWS, P, R = 8, 6, 4
-
-
-@pytest.fixture(scope="module")
-def ray_two_cpus():
-    if ray.is_initialized():
-        ray.shutdown()
-    init_ray(num_cpus=2)
-    yield
-    ray.shutdown()
 
 
 def _batch(vocab: int) -> DataProto:
