@@ -381,3 +381,13 @@ def test_valid_enum_values_pass():
         "checkpoint": {"keep_last": 1},
     }
     assert check(update) == []
+
+
+@pytest.mark.parametrize("key", ["actor.param_offload", "actor.optimizer_offload", "ref.param_offload"])
+def test_megatron_refuses_offload_switches_it_would_ignore(key):
+    section, name = key.split(".")
+    cfg = make_cfg({"actor": {"backend": "megatron"}, "ref": {"enable": True}}, {section: {name: True}})
+    problems = [p for p in validate(cfg, installed=None) if p.key == key]
+    assert problems and problems[0].severity == "error" and "fsdp" in problems[0].fix
+    fsdp = make_cfg({"ref": {"enable": True}}, {section: {name: True}})
+    assert not [p for p in validate(fsdp, installed=None) if p.key == key]

@@ -29,3 +29,13 @@ def tiny_overrides(out_dir: str, steps: int = 2) -> tuple[str, ...]:
 def tiny_config(recipe: str, out_dir: str, *overrides: str, steps: int = 2) -> DictConfig:
     """recipes/<recipe>.yaml shrunk by `tiny_overrides`, then `overrides`."""
     return load_config(RECIPES / f"{recipe}.yaml", [*tiny_overrides(out_dir, steps), *overrides])
+
+
+def odd_length_reward(prompt: str, response: str, ground_truth: str, extra: dict) -> float:
+    """A reward with spread on an untrained model (whose answers are never right): 1 for odd-length responses.
+    Without spread every GRPO advantage is 0 and a step changes nothing."""
+    return float(len(response) % 2)
+
+
+# For `verl train` in a child process: the same reward as a recipe override.
+ODD_LENGTH_REWARD = "reward.fn={_target_: tests.trainer.run_configs.odd_length_reward}"

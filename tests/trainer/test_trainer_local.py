@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.trainer.run_configs import tiny_config
+from tests.trainer.run_configs import odd_length_reward, tiny_config
 from verl.trainer.ppo import PPOTrainer
 
 
@@ -67,11 +67,6 @@ def test_ppo_with_critic_reference_and_kl_in_reward(tmp_path):
     assert (ckpt / "actor").is_dir() and (ckpt / "critic").is_dir()
 
 
-def _parity(prompt, response, ground_truth, extra):
-    """A reward with spread on a random model: 1 for responses of odd length."""
-    return float(len(response) % 2)
-
-
 def test_dapo_dynamic_sampling_and_overlong_penalty(tmp_path):
     cfg = tiny_config(
         "grpo_tiny",
@@ -84,22 +79,23 @@ def test_dapo_dynamic_sampling_and_overlong_penalty(tmp_path):
         "algorithm.overlong_buffer.len=4",
         "actor.clip_ratio_high=0.28",
     )
-    trainer = PPOTrainer(cfg, reward_fn=_parity)
+    trainer = PPOTrainer(cfg, reward_fn=odd_length_reward)
     try:
         trainer.fit()
     finally:
         trainer.close()
     row = _metrics(tmp_path)[-1]
     assert row["actor/kept_groups"] == 4  # data.train_batch_size groups survive, after enough rollout batches
-    assert row["actor/gen_batches"] >= 1 and row["actor/filtered_groups"] >= 0
-    assert row["reward/overlong_penalty_mean"] <= 0
+    # Every rollout batch brings 4 groups: reaching 4 informative ones took as many batches as the drops cost.
+    assert row["actor/gen_batches"] >= 1 + row["actor/filtered_groups"] // 4
+    assert "reward/overlong_penalty_mean" in row
 
 
 def test_remax_gets_greedy_baselines(tmp_path):
     cfg = tiny_config(
         "grpo_tiny", str(tmp_path), "trainer.controller=local", "algorithm.adv_estimator=remax", "rollout.n=2"
     )
-    trainer = PPOTrainer(cfg, reward_fn=_parity)
+    trainer = PPOTrainer(cfg, reward_fn=odd_length_reward)
     try:
         summary = trainer.fit()
     finally:

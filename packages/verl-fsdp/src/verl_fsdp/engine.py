@@ -18,6 +18,7 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_state_dict,
+    set_model_state_dict,
     set_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
@@ -192,33 +193,26 @@ class FSDPEngine:
         for name, param in self.model.named_parameters():
             yield name, _full(param.detach())
 
+    def _sharded_state(self) -> Dict[str, Dict]:
+        """This rank's shards of the model (and optimizer) state, as DCP saves and loads them in place."""
+        if self.optimizer is None:
+            return {"model": get_model_state_dict(self.model), "optim": {}}
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
     def save_checkpoint(self, path: str) -> None:
-        model_sd, optim_sd = (
-            get_state_dict(self.model, self.optimizer)
-            if self.optimizer
-            else (
-                get_model_state_dict(self.model),
-                {},
-            )
-        )
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+        dcp.save(self._sharded_state(), checkpoint_id=path)
         extra = {"rng": get_rng_state(), "scheduler": self.scheduler.state_dict() if self.scheduler else None}
         torch.save(extra, os.path.join(path, f"extra_rank{self.rank}.pt"))
         dist.barrier()
 
     def load_checkpoint(self, path: str) -> None:
-        if self.optimizer is not None:
-            model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        else:
-            model_sd, optim_sd = get_model_state_dict(self.model), {}
-        state = {"model": model_sd, "optim": optim_sd}
+        state = self._sharded_state()
         dcp.load(state, checkpoint_id=path)
-        if self.optimizer is not None:
-            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        else:
-            from torch.distributed.checkpoint.state_dict import set_model_state_dict
-
+        if self.optimizer is None:
             set_model_state_dict(self.model, state["model"])
+        else:
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         extra = torch.load(os.path.join(path, f"extra_rank{self.rank}.pt"), weights_only=False)
         if self.scheduler is not None and extra["scheduler"] is not None:
             self.scheduler.load_state_dict(extra["scheduler"])

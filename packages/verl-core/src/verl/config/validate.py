@@ -26,9 +26,9 @@ from verl.placement import (
     role_parallel,
     value,
 )
+from verl.tracking import LOGGERS  # the registry the Tracker builds from: one list of logger names
 
 DEVICES = ("cpu", "cuda")
-LOGGERS = ("console", "jsonl", "wandb", "tensorboard", "prometheus")
 WANDB_MODES = ("online", "offline", "disabled")
 CONTROLLERS = ("ray", "local")
 SCHEDULERS = ("constant", "cosine")
@@ -180,6 +180,18 @@ def check_fsdp_layout(ctx: Context) -> List[ConfigProblem]:
                     f"backend fsdp is data parallel only; {axis}={parallel[axis]} is not supported",
                     f"set {role}.backend=megatron for {axis} > 1, or {role}.parallel.{axis}=1",
                 )
+            )
+    return problems
+
+
+def check_megatron_offload(ctx: Context) -> List[ConfigProblem]:
+    """The megatron engine keeps parameters and optimizer state on the device: refuse switches it would ignore."""
+    problems = []
+    for key in ("actor.param_offload", "actor.optimizer_offload", "ref.param_offload"):
+        role = key.split(".")[0]
+        if role in ctx.draft.roles and role_backend(ctx.cfg, role) == "megatron" and value(ctx.cfg, key):
+            problems.append(
+                _error(key, "the megatron engine does not offload in this version", f"set {key}=false, or use fsdp")
             )
     return problems
 
@@ -442,7 +454,7 @@ def check_backends(ctx: Context) -> List[ConfigProblem]:
 
 def check_loggers(ctx: Context) -> List[ConfigProblem]:
     loggers = value(ctx.cfg, "tracking.loggers") or []
-    return [p for i, name in enumerate(loggers) for p in _one_of(f"tracking.loggers[{i}]", name, LOGGERS)]
+    return [p for i, name in enumerate(loggers) for p in _one_of(f"tracking.loggers[{i}]", name, tuple(LOGGERS))]
 
 
 def check_wandb_mode(ctx: Context) -> List[ConfigProblem]:
@@ -672,6 +684,7 @@ CHECKS: Sequence[Check] = (
     check_cuda_here,
     check_controller,
     check_fsdp_layout,
+    check_megatron_offload,
     check_rollout_layout,
     check_virtual_pipeline,
     check_expert_parallel,
