@@ -16,8 +16,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_llama_dir(path: str, *, vocab: int = 40, seed: int = 0) -> str:
-    """A random 2-layer GQA Llama saved as a Hugging Face folder (no tokenizer)."""
+def make_llama_dir(path: str, *, vocab: int = 40, seed: int = 0, **overrides) -> str:
+    """A random 2-layer GQA Llama saved as a Hugging Face folder (no tokenizer); `overrides` go to LlamaConfig."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
@@ -32,6 +32,8 @@ def make_llama_dir(path: str, *, vocab: int = 40, seed: int = 0) -> str:
         eos_token_id=2,
         pad_token_id=0,
     )
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
     torch.manual_seed(seed)
     LlamaForCausalLM(cfg).save_pretrained(path)
     return path

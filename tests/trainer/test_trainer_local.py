@@ -52,8 +52,11 @@ def test_grpo_steps_log_grouped_metrics_and_checkpoint(tmp_path):
     ):
         assert key in keys, key
     assert "critic/vf_loss" not in keys  # no critic in GRPO (critic/score etc. are batch statistics)
-    # The colocated hf rollout generates with the actor's own weights: nothing to move.
+    # The colocated hf rollout generates with the actor's own weights: nothing to move, and the trainer's
+    # log-probs of the sampled tokens are the rollout's (up to float rounding in another batch shape).
     assert rows[-1]["perf/weight_sync_bytes"] == 0
+    for row in rows:
+        assert 0 <= row["rollout/logprob_diff_mean"] <= row["rollout/logprob_diff_max"] < 1e-4
     assert os.path.exists(tmp_path / "checkpoints" / "step_2" / "COMPLETE")
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from verl.algos import compute_policy_metrics, data_metrics, ratio_stats
+from verl.algos import compute_policy_metrics, data_metrics, ratio_stats, rollout_mismatch_metrics
 from verl.config.schema import ActorConfig
 
 LN = math.log
@@ -84,3 +84,15 @@ def test_data_metrics_of_an_empty_selection_are_zero_not_nan():
     )
     assert all(math.isfinite(v) for v in m.values()), m
     assert m["critic/advantages/max"] == 0.0
+
+
+def test_rollout_mismatch_metrics_by_hand():
+    old = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, 7.0]])
+    rollout = torch.tensor([[-1.5, -2.0, -2.0], [-0.25, -0.5, float("nan")]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])  # the NaN sits in padding and must not leak
+    m = rollout_mismatch_metrics(old, rollout, mask)
+    # |diffs| on masked tokens: 0.5, 0, 1, 0.25, 0 -> mean 1.75 / 5
+    assert m["rollout/logprob_diff_max"] == pytest.approx(1.0)
+    assert m["rollout/logprob_diff_mean"] == pytest.approx(0.35)
+    # old - rollout: 0.5, 0, -1, -0.25, 0 -> largest ratio exp(0.5)
+    assert m["rollout/prob_ratio_max"] == pytest.approx(math.exp(0.5))

@@ -29,6 +29,7 @@ class BackendSpec:
     package: str  # the distribution that provides it
     requires: Tuple[str, ...] = ()  # third-party modules it imports at run time
     extra: Optional[str] = None  # pip requirement that brings `requires`, e.g. "verl-rollout[vllm]"
+    install_note: Optional[str] = None  # more on installing `requires` (another build, a Pants resolve)
     engine: Optional[str] = None  # "module:Class" implementing verl.engine.TrainEngine / RolloutEngine
     # Optional tools of a train backend, loaded only when used ("module:function"):
     model_info: Optional[str] = None  # (model_path, parallel: dict, kind) -> lines describing the built model
@@ -36,6 +37,11 @@ class BackendSpec:
 
     def missing_requirements(self) -> List[str]:
         return [m for m in self.requires if not _module_available(m)]
+
+    def install_hint(self) -> str:
+        """What to run to make this backend importable."""
+        hint = f"pip install {self.extra}" if self.extra else f"pip install {self.package}"
+        return f"{hint}; {self.install_note}" if self.install_note else hint
 
     def load(self, field: str) -> Any:
         """The object a "module:name" field names, imported now (with an install hint if that fails)."""
@@ -46,8 +52,7 @@ class BackendSpec:
         try:
             return getattr(importlib.import_module(module), name)
         except ImportError as e:
-            hint = f"pip install {self.extra}" if self.extra else f"pip install {self.package}"
-            raise ImportError(f"backend '{self.name}' failed to import ({e}); {hint}") from e
+            raise ImportError(f"backend '{self.name}' failed to import ({e}); {self.install_hint()}") from e
 
 
 # Every backend the project ships, so a recipe naming one whose package is absent gets the package to install.
@@ -124,7 +129,7 @@ def check_backend(
         ]
     missing = spec.missing_requirements()
     if missing:
-        install = f"pip install {spec.extra}" if spec.extra else f"pip install {' '.join(missing)}"
+        install = spec.install_hint() if spec.extra else f"pip install {' '.join(missing)}"
         return [
             ConfigProblem(
                 key,

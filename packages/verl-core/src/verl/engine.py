@@ -13,7 +13,6 @@ Per-token outputs are aligned with `responses`: out[:, t] belongs to responses[:
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Protocol, Tuple
 
@@ -87,6 +86,12 @@ class TrainEngine(Protocol):
 class RolloutEngine(Protocol):
     """Generates responses for prompts; its weights follow the actor's after every update."""
 
+    @classmethod
+    def build(cls, cfg: Any, *, model_path: str, actor: Optional[TrainEngine] = None, **settings: Any) -> Any:
+        """The engine for the `rollout` config section `cfg`, beside the colocated actor engine (None when the
+        worker holds none); `settings` are `verl.workers.engines.rollout_settings` (lengths, token ids,
+        device, dtype, seed). An engine takes what it uses from them."""
+
     def generate(self, prompts: DataProto, *, n: int, greedy: bool = False) -> DataProto:
         """prompts: input_ids/attention_mask/position_ids [B, P]. Returns B*n rows (samples of one prompt
         adjacent) with input_ids, attention_mask, position_ids, prompts, responses, response_mask and
@@ -107,9 +112,4 @@ def load_engine(backend: str, kind: str) -> type:
         raise ValueError(f"no installed {kind} backend named '{backend}'; `verl info` lists what is installed")
     if not spec.engine:
         raise ValueError(f"the {kind} backend '{backend}' ({spec.package}) does not provide an engine in this version")
-    module, _, name = spec.engine.partition(":")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except ImportError as e:
-        hint = f"pip install {spec.extra}" if spec.extra else f"pip install {spec.package}"
-        raise ImportError(f"backend '{backend}' failed to import ({e}); {hint}") from e
+    return spec.load("engine")

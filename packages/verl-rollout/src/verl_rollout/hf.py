@@ -10,21 +10,14 @@ asleep (`sleep()`, during the actor's update), so the copy exists only between a
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, ContextManager, Optional
+from typing import Any, Callable, ContextManager, Optional
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from verl.engine import Weights
 from verl.protocol import DataProto
-
-
-def response_mask_until_eos(responses: torch.Tensor, eos_ids: list[int]) -> torch.Tensor:
-    """1 on every token up to and including the first eos of each row, 0 after it."""
-    is_eos = torch.isin(responses, torch.tensor(eos_ids, device=responses.device))
-    # Tokens strictly after the first eos have at least one eos before them.
-    eos_before = torch.cumsum(is_eos.int(), dim=1) - is_eos.int()
-    return (eos_before == 0).to(torch.long)
+from verl_rollout.batch import assemble_rollout
 
 
 class HFRollout:
@@ -52,6 +45,14 @@ class HFRollout:
         self.module = module
         self.gather = gather or contextlib.nullcontext
         self._released: Optional[dict] = None  # name -> shape of parameters released by sleep()
+
+    @classmethod
+    def build(cls, cfg, *, model_path: str, actor: Optional[Any] = None, **settings: Any) -> "HFRollout":
+        """From the run's settings (`verl.workers.engines.rollout_settings`): a colocated FSDP actor's module
+        is shared (generation runs on its gathered shards), otherwise the engine loads its own copy."""
+        shared = dict(module=actor.model, gather=actor.gathered) if hasattr(actor, "gathered") else {}
+        keep = ("max_new_tokens", "eos_token_id", "pad_token_id", "device")
+        return cls(cfg, model_path=model_path, **{k: settings[k] for k in keep}, **shared)
 
     def _generation_config(self, greedy: bool) -> GenerationConfig:
         sample = not greedy and self.cfg.temperature > 0
@@ -83,7 +84,6 @@ class HFRollout:
             prompts = prompts.repeat(n, interleave=True)
         ids = prompts.batch["input_ids"].to(self.device)
         mask = prompts.batch["attention_mask"].to(self.device)
-        pos = prompts.batch["position_ids"].to(self.device)
         p = ids.shape[1]
         was_training = self.module.training
         self.module.eval()
@@ -93,30 +93,18 @@ class HFRollout:
             )
         self.module.train(was_training)
 
-        responses = out.sequences[:, p:]
+        responses = out.sequences[:, p:].cpu()
         # The log-probs the sampler used: raw logits scaled by the temperature (before top-k/top-p).
         temperature = 1.0 if greedy or self.cfg.temperature <= 0 else self.cfg.temperature
         logits = torch.stack(out.logits, dim=1).float() / temperature
-        log_probs = torch.log_softmax(logits, -1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
-        # Fixed width R = max_new_tokens, so batches from different ranks concatenate.
-        pad = self.max_new_tokens - responses.shape[1]
+        log_probs = torch.log_softmax(logits, -1).gather(-1, responses.to(logits.device).unsqueeze(-1)).squeeze(-1)
+        # Fixed width R = max_new_tokens; rows that stopped early were padded by generate (the mask ends at eos).
+        generated = responses.shape[1]
+        pad = self.max_new_tokens - generated
         responses = torch.nn.functional.pad(responses, (0, pad), value=self.pad_token_id)
-        log_probs = torch.nn.functional.pad(log_probs, (0, pad), value=0.0)
-        response_mask = response_mask_until_eos(responses, self.eos_ids)
-        response_mask[:, responses.shape[1] - pad :] = 0
-        log_probs = log_probs * response_mask
-        steps = torch.arange(1, self.max_new_tokens + 1, device=self.device)
-        response_pos = pos[:, -1:] + steps
-        tensors = {
-            "prompts": ids.cpu(),
-            "responses": responses.cpu(),
-            "response_mask": response_mask.cpu(),
-            "rollout_log_probs": log_probs.cpu(),
-            "input_ids": torch.cat([ids, responses], 1).cpu(),
-            "attention_mask": torch.cat([mask, response_mask], 1).cpu(),
-            "position_ids": torch.cat([pos, response_pos], 1).cpu(),
-        }
-        return DataProto.from_dict(tensors, dict(prompts.non_tensor_batch), dict(prompts.meta_info))
+        log_probs = torch.nn.functional.pad(log_probs.cpu(), (0, pad), value=0.0)
+        lengths = torch.full((len(responses),), generated)
+        return assemble_rollout(prompts, responses, log_probs, lengths, eos_ids=self.eos_ids)
 
     def update_weights(self, weights: Weights) -> int:
         """Copy new weights into this engine's own module; a shared module already has them (0 bytes).

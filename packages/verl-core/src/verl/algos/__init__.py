@@ -28,7 +28,7 @@ from verl.algos.kl import (
     kl_penalty,
     make_kl_controller,
 )
-from verl.algos.metrics import compute_policy_metrics, data_metrics, ratio_stats, token_stats
+from verl.algos.metrics import compute_policy_metrics, data_metrics, ratio_stats, rollout_mismatch_metrics, token_stats
 from verl.algos.plugins import load_plugins
 from verl.algos.policy_losses import (
     POLICY_LOSSES,
@@ -75,6 +75,7 @@ __all__ = [
     "masked_whiten",
     "overlong_penalty",
     "ratio_stats",
+    "rollout_mismatch_metrics",
     "token_stats",
     "truncated_is_weights",
 ]

@@ -14,7 +14,7 @@ from torch import Tensor
 from verl.algos.policy_losses import LOG_RATIO_CLAMP, clip_range
 from verl.algos.utils import acc_dtype, masked_max, masked_mean, masked_min, masked_var
 
-__all__ = ["compute_policy_metrics", "data_metrics", "ratio_stats", "token_stats"]
+__all__ = ["compute_policy_metrics", "data_metrics", "ratio_stats", "rollout_mismatch_metrics", "token_stats"]
 
 
 def token_stats(values: Tensor, mask: Tensor, prefix: str) -> dict[str, float]:
@@ -114,3 +114,21 @@ def data_metrics(
         hit = (lengths >= max_response_length).to(torch.float32)
         out["response_length/clip_ratio"] = float(hit.mean()) if hit.numel() else 0.0
     return out
+
+
+def rollout_mismatch_metrics(
+    old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Tensor
+) -> dict[str, float]:
+    """How far the rollout engine's log-probs are from the trainer's on the generated tokens.
+
+    rollout/logprob_diff_max and _mean: |log pi_old - log pi_rollout| over masked tokens (numerics, kernels and
+    precision differ between engines; a large value means the rollout samples from another policy).
+    rollout/prob_ratio_max: max pi_old/pi_rollout, what a truncated importance-sampling cap would clip."""
+    dtype = acc_dtype(old_log_prob, rollout_log_probs)
+    diff = old_log_prob.detach().to(dtype) - rollout_log_probs.detach().to(dtype)
+    diff = torch.where(response_mask.bool(), diff, torch.zeros_like(diff))  # padding may hold anything
+    return {
+        "rollout/logprob_diff_max": float(masked_max(diff.abs(), response_mask)),
+        "rollout/logprob_diff_mean": float(masked_mean(diff.abs(), response_mask)),
+        "rollout/prob_ratio_max": float(masked_max(diff.clamp(max=LOG_RATIO_CLAMP).exp(), response_mask)),
+    }

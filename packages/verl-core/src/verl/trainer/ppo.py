@@ -27,7 +27,7 @@ from verl.algos import (
     load_plugins,
     make_kl_controller,
 )
-from verl.algos.metrics import data_metrics
+from verl.algos.metrics import data_metrics, rollout_mismatch_metrics
 from verl.controller import init_ray, shutdown_ray
 from verl.data.build import make_rl_dataloaders
 from verl.placement import critic_enabled, ref_enabled
@@ -225,6 +225,8 @@ class PPOTrainer:
             metrics.update(sampling_metrics)
         with timer("log_probs"):
             batch = self.compute_log_probs(batch)
+        b = batch.batch
+        metrics.update(rollout_mismatch_metrics(b["old_log_probs"], b["rollout_log_probs"], b["response_mask"]))
         with timer("adv"):
             metrics.update(self.compute_advantages(batch))
         with timer("update"):
@@ -232,7 +234,6 @@ class PPOTrainer:
         with timer("sync"):
             metrics.update(self.sync_weights())
         step_s = time.perf_counter() - start
-        b = batch.batch
         metrics.update(
             data_metrics(
                 response_mask=b["response_mask"],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from verl.engine import EngineConfig, load_engine
 
@@ -30,18 +30,21 @@ def train_engine(cfg: Any, role: str, *, model_path: str, total_steps: int, opti
     return load_engine(backend, "train")(engine_cfg)
 
 
-def rollout_engine(cfg: Any, *, model_path: str, tokenizer: Any, actor: Optional[Any]) -> Any:
-    """The RolloutEngine; given the colocated actor engine, it generates with the actor's own weights."""
-    rcfg = cfg.rollout
-    cls = load_engine(rcfg.backend, "rollout")
+def rollout_settings(cfg: Any, tokenizer: Any) -> Dict[str, Any]:
+    """What every rollout engine is built from, besides its config section (`cfg.rollout`)."""
     eos = tokenizer.eos_token_id
-    kwargs = dict(
-        model_path=model_path,
-        max_new_tokens=rcfg.max_new_tokens or cfg.data.max_response_length,
+    return dict(
+        max_new_tokens=cfg.rollout.max_new_tokens or cfg.data.max_response_length,
+        max_prompt_length=cfg.data.max_prompt_length,
         eos_token_id=eos,
         pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos,
         device=cfg.placement.device,
+        dtype=cfg.model.dtype,
+        seed=cfg.trainer.seed,
     )
-    if actor is not None and hasattr(actor, "gathered"):
-        kwargs.update(module=actor.model, gather=actor.gathered)
-    return cls(rcfg, **kwargs)
+
+
+def rollout_engine(cfg: Any, *, model_path: str, tokenizer: Any, actor: Optional[Any]) -> Any:
+    """The RolloutEngine of `rollout.backend`, beside the colocated actor engine (which an engine may share)."""
+    cls = load_engine(cfg.rollout.backend, "rollout")
+    return cls.build(cfg.rollout, model_path=model_path, actor=actor, **rollout_settings(cfg, tokenizer))

@@ -1,0 +1,67 @@
+"""The batch every rollout engine returns, built from what it generated (shared by hf, vllm and sglang)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from verl.protocol import DataProto
+
+
+def response_mask_until_eos(responses: torch.Tensor, eos_ids: list[int]) -> torch.Tensor:
+    """1 on every token up to and including the first eos of each row, 0 after it."""
+    is_eos = torch.isin(responses, torch.tensor(eos_ids, device=responses.device))
+    # Tokens strictly after the first eos have at least one eos before them.
+    eos_before = torch.cumsum(is_eos.int(), dim=1) - is_eos.int()
+    return (eos_before == 0).to(torch.long)
+
+
+def unpadded_prompts(prompts: DataProto) -> list[list[int]]:
+    """Each row's prompt token ids without its left padding (what a serving engine takes)."""
+    ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"].bool()
+    return [row[keep].tolist() for row, keep in zip(ids, mask)]
+
+
+def pad_rows(rows: Sequence[Sequence[float]], width: int, value: float, dtype: torch.dtype) -> torch.Tensor:
+    """Right-pad variable-length rows into a [len(rows), width] tensor."""
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for i, row in enumerate(rows):
+        if len(row) > width:
+            raise ValueError(f"row {i} has {len(row)} tokens, more than the response width {width}")
+        out[i, : len(row)] = torch.tensor(list(row), dtype=dtype)
+    return out
+
+
+def assemble_rollout(
+    prompts: DataProto,
+    responses: torch.Tensor,
+    log_probs: torch.Tensor,
+    lengths: torch.Tensor,
+    *,
+    eos_ids: list[int],
+) -> DataProto:
+    """The rollout batch of `RolloutEngine.generate` from one generated row per prompt row.
+
+    prompts: already repeated n times (samples of one prompt adjacent). responses/log_probs: [B, R] with
+    R = max_new_tokens (fixed, so batches from different ranks concatenate); lengths [B]: tokens generated
+    per row (the rest is padding). The response mask ends at the first eos, which it includes.
+    """
+    ids = prompts.batch["input_ids"]
+    mask = prompts.batch["attention_mask"]
+    pos = prompts.batch["position_ids"]
+    width = responses.shape[1]
+    generated = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
+    response_mask = response_mask_until_eos(responses, eos_ids) * generated.long()
+    log_probs = log_probs.float() * response_mask
+    response_pos = pos[:, -1:] + torch.arange(1, width + 1)
+    tensors = {
+        "prompts": ids,
+        "responses": responses,
+        "response_mask": response_mask,
+        "rollout_log_probs": log_probs,
+        "input_ids": torch.cat([ids, responses], 1),
+        "attention_mask": torch.cat([mask, response_mask], 1),
+        "position_ids": torch.cat([pos, response_pos], 1),
+    }
+    return DataProto.from_dict(tensors, dict(prompts.non_tensor_batch), dict(prompts.meta_info))

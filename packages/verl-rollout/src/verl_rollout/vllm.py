@@ -1,0 +1,159 @@
+"""The `vllm` rollout engine: an in-process vLLM `LLM` colocated with the actor (the hybrid engine).
+
+- The engine runs inside the worker process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so the actor's per-tensor
+  weight iterator feeds vLLM's weight loaders directly: `reload_weights` copies each tensor into vLLM's own
+  (possibly fused and sharded) parameters in place, with no checkpoint on disk and no second full copy.
+- Prompts go in as token ids (no tokenizer in vLLM: `skip_tokenizer_init`); eos ids stop generation.
+- Log-probs are vLLM's "processed" ones: of the distribution that sampled each token (temperature applied,
+  and top-k/top-p when set). With top-k/top-p off they are what the trainer computes, which
+  `rollout/logprob_diff_*` measures every step.
+- Tensor parallel generation (`rollout.parallel.tp` > 1) runs one engine per rank over the worker's process
+  group (vLLM's `external_launcher`): the ranks of one generation group must be sent the same prompts.
+- On GPU, `free_cache_engine` turns on vLLM's sleep mode: `sleep()` drops the KV cache and the weights
+  while the actor trains; the weights come back through the next sync, then the KV cache.
+  A CPU build has no sleep mode; there the engine keeps its memory (`VLLM_CPU_KVCACHE_SPACE`, GiB, sizes it).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator, Optional, Tuple
+
+import torch
+
+from verl.engine import Weights
+from verl.protocol import DataProto
+from verl_rollout.batch import assemble_rollout, pad_rows, unpadded_prompts
+
+# Set before vLLM is imported: the engine core must live in this process (the weight iterator and the
+# actor's tensors cannot cross a process boundary), and a CPU build otherwise reserves 4 GiB of KV cache.
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# The run reports what matters; vLLM's per-reload notes (e.g. that rotary caches take no checkpoint weights) do not.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+from vllm import LLM, SamplingParams  # noqa: E402  # pants: no-infer-dep (the optional extra; resolve `vllm`)
+from vllm.inputs import TokensPrompt  # noqa: E402  # pants: no-infer-dep
+
+
+class VLLMRollout:
+    def __init__(
+        self,
+        cfg,  # verl.config.schema.RolloutConfig
+        *,
+        model_path: str,
+        max_new_tokens: int,
+        eos_token_id: int | list[int],
+        pad_token_id: int,
+        device: str = "cpu",
+        max_prompt_length: int = 0,
+        dtype: str = "bfloat16",
+        seed: int = 1,
+    ):
+        self.cfg = cfg
+        self.max_new_tokens = max_new_tokens
+        self.eos_ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+        self.pad_token_id = pad_token_id
+        on_gpu = device.startswith("cuda")
+        tp = int(cfg.parallel.tp or 1)
+        self.sleep_mode = bool(cfg.free_cache_engine) and on_gpu
+        kwargs = dict(
+            model=model_path,
+            skip_tokenizer_init=True,
+            # The CPU actor computes in float32; matching it keeps trainer and rollout log-probs comparable.
+            dtype=dtype if on_gpu else "float32",
+            enforce_eager=bool(cfg.enforce_eager) or not on_gpu,
+            seed=seed,
+            tensor_parallel_size=tp,
+            logprobs_mode="processed_logprobs",
+            enable_sleep_mode=self.sleep_mode,
+        )
+        if max_prompt_length:
+            kwargs["max_model_len"] = max_prompt_length + max_new_tokens
+        if on_gpu:
+            kwargs["gpu_memory_utilization"] = float(cfg.gpu_memory_utilization)
+        if tp > 1:
+            kwargs["distributed_executor_backend"] = "external_launcher"
+        self.llm = LLM(**kwargs)
+        self.asleep = False
+        self.weights_discarded = False
+
+    @classmethod
+    def build(cls, cfg, *, model_path: str, actor: Optional[Any] = None, **settings: Any) -> "VLLMRollout":
+        """From the run's settings (`verl.workers.engines.rollout_settings`); vLLM keeps its own weights."""
+        return cls(cfg, model_path=model_path, **settings)
+
+    def _sampling(self, n: int, greedy: bool) -> SamplingParams:
+        sample = not greedy and self.cfg.temperature > 0
+        return SamplingParams(
+            n=n,
+            temperature=float(self.cfg.temperature) if sample else 0.0,
+            top_p=float(self.cfg.top_p) if sample else 1.0,
+            top_k=int(self.cfg.top_k) if sample and self.cfg.top_k > 0 else 0,
+            max_tokens=self.max_new_tokens,
+            stop_token_ids=self.eos_ids,
+            logprobs=0,  # the sampled token's log-prob only
+            detokenize=False,
+        )
+
+    @torch.no_grad()
+    def generate(self, prompts: DataProto, *, n: int = 1, greedy: bool = False) -> DataProto:
+        if self.weights_discarded:
+            raise RuntimeError(
+                "the rollout's weights were discarded (sleep, while the actor trained); sync the actor's weights "
+                "into it (update_weights) before generating"
+            )
+        self._wake_kv_cache()
+        if n > 1 and greedy:  # vLLM samples n > 1 only at random; greedy copies are separate requests
+            prompts, n = prompts.repeat(n, interleave=True), 1
+        requests = [TokensPrompt(prompt_token_ids=ids) for ids in unpadded_prompts(prompts)]
+        outputs = self.llm.generate(requests, self._sampling(n, greedy), use_tqdm=False)
+        tokens, log_probs = [], []
+        for out in outputs:  # vLLM returns requests in submission order, each with its n samples
+            if len(out.outputs) != n:
+                raise RuntimeError(f"vLLM returned {len(out.outputs)} samples for a prompt, expected {n}")
+            for sample in out.outputs:
+                tokens.append(list(sample.token_ids))
+                log_probs.append([step[tok].logprob for step, tok in zip(sample.logprobs, sample.token_ids)])
+        if n > 1:
+            prompts = prompts.repeat(n, interleave=True)
+        responses = pad_rows(tokens, self.max_new_tokens, self.pad_token_id, torch.long)
+        lp = pad_rows(log_probs, self.max_new_tokens, 0.0, torch.float32)
+        lengths = torch.tensor([len(t) for t in tokens])
+        return assemble_rollout(prompts, responses, lp, lengths, eos_ids=self.eos_ids)
+
+    def update_weights(self, weights: Weights) -> int:
+        """Load the actor's weights (Hugging Face names, full tensors) into vLLM in place; returns bytes loaded."""
+        moved = 0
+
+        def counted() -> Iterator[Tuple[str, torch.Tensor]]:
+            nonlocal moved
+            for name, tensor in weights:
+                moved += tensor.numel() * tensor.element_size()
+                yield name, tensor
+
+        self.wake()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": counted(), "is_checkpoint_format": True})
+        self.weights_discarded = False
+        # Cached prefixes hold keys/values computed with the old weights.
+        self.llm.reset_prefix_cache()
+        return moved
+
+    def sleep(self) -> None:
+        """Free the KV cache and the weights (GPU sleep mode) while the actor trains; a no-op on CPU."""
+        if not self.sleep_mode or self.asleep:
+            return
+        self.llm.reset_prefix_cache()
+        self.llm.sleep(level=2)  # the weights are re-sent after every update: nothing to keep
+        self.asleep = True
+        self.weights_discarded = True
+
+    def wake(self) -> None:
+        """Re-allocate the weights (filled by the next update_weights); the KV cache follows on generate."""
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
+
+    def _wake_kv_cache(self) -> None:
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False

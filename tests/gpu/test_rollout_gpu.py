@@ -1,0 +1,90 @@
+"""The vllm and sglang rollout engines on CUDA: the same rollout contract as on CPU (tests/rollout/engine_contract.py).
+
+Skipped without CUDA, and per engine when its library is not installed (CUDA builds of vLLM and SGLang live
+in a GPU machine's environment, not in this repository's CPU resolves). On GPU the sleep/wake cycle really
+frees and restores the KV cache and the weights.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tests.engine_fixtures import free_port, make_llama_dir
+from tests.rollout import engine_contract as contract
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+# fp32 on GPU: the engines' kernels reduce in another order than torch's (and may use TF32).
+GPU_TOL = 1e-3
+
+
+@pytest.fixture(scope="module")
+def gpu_world():
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        torch.cuda.set_device(0)
+        dist.init_process_group("nccl", rank=0, world_size=1)
+    yield
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory) -> str:
+    return make_llama_dir(str(tmp_path_factory.mktemp("llama")), hidden_size=128, head_dim=64)
+
+
+@pytest.fixture(scope="module", params=["vllm", "sglang"])
+def rollout(request, gpu_world, llama_dir):
+    pytest.importorskip(request.param, reason=f"{request.param} is not installed")
+    from verl.config.schema import RolloutConfig
+
+    if request.param == "vllm":
+        from verl_rollout.vllm import VLLMRollout as cls
+    else:
+        from verl_rollout.sglang import SGLangRollout as cls
+    cfg = RolloutConfig(temperature=1.0, gpu_memory_utilization=0.2, free_cache_engine=True)
+    return cls(
+        cfg,
+        model_path=llama_dir,
+        max_new_tokens=contract.R,
+        eos_token_id=contract.EOS,
+        pad_token_id=contract.PAD,
+        device="cuda",
+        max_prompt_length=8,
+        dtype="float32",
+        seed=3,
+    )
+
+
+def test_generate_layout(rollout):
+    contract.check_layout(rollout)
+
+
+def test_eos_ends_the_mask_and_is_included(rollout):
+    contract.check_eos_ends_the_mask(rollout)
+
+
+def test_greedy_is_deterministic_and_sampling_varies(rollout):
+    contract.check_greedy_and_sampling(rollout)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_log_probs_match_the_fsdp_actor(rollout, llama_dir, temperature):
+    contract.check_log_probs_match_the_actor(rollout, llama_dir, temperature, device="cuda", tol=GPU_TOL)
+
+
+def test_weight_sync_follows_the_actor(rollout, llama_dir):
+    contract.check_weight_sync_follows_the_actor(rollout, llama_dir, device="cuda", tol=GPU_TOL)
+
+
+def test_sleep_frees_memory_and_the_cycle_generates(rollout, llama_dir):
+    torch.cuda.synchronize()
+    before = torch.cuda.mem_get_info()[0]
+    rollout.sleep()
+    torch.cuda.synchronize()
+    freed = torch.cuda.mem_get_info()[0] - before
+    assert freed > 0, "sleep released no GPU memory"
+    contract.check_sleep_then_sync_then_generate(rollout, llama_dir, device="cuda")

@@ -1,0 +1,124 @@
+"""The rollout engine contract, checked the same way for every engine (vllm on CPU; vllm and sglang on GPU).
+
+Each check takes a built engine (eos id EOS, pad id PAD, R new tokens) and, where it compares log-probs, the
+model folder the engine was built from: an FSDP actor on the same weights scores the same tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from verl.config.schema import OptimConfig
+from verl.engine import EngineConfig
+from verl.protocol import DataProto
+
+EOS, PAD, R = 2, 0, 6
+# fp32 on both sides; the engines' attention and matmul kernels differ from torch's in rounding only.
+LOGPROB_TOL = 1e-5
+
+
+def prompts(b=3, p=4, seed=0) -> DataProto:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 40, (b, p), generator=g)
+    mask = torch.ones(b, p, dtype=torch.long)
+    ids[0, :2], mask[0, :2] = PAD, 0  # one left-padded prompt
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    tags = [chr(ord("a") + i) for i in range(b)]
+    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": pos}, {"tag": tags})
+
+
+def make_actor(path: str, device: str = "cpu"):
+    """An FSDP actor on the engine's model (needs a torch.distributed group), fp32 everywhere."""
+    from verl_fsdp.engine import FSDPEngine
+
+    optim = OptimConfig(lr=5e-2, weight_decay=0.0)
+    return FSDPEngine(EngineConfig(model_path=path, optim=optim, total_steps=5, device=device, dtype="float32"))
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
+    return float(((a.cpu() - b.cpu()) * mask.cpu()).abs().max())
+
+
+def check_layout(rollout) -> None:
+    out = rollout.generate(prompts(), n=2)
+    b = out.batch
+    assert len(out) == 6 and list(out.non_tensor_batch["tag"]) == ["a", "a", "b", "b", "c", "c"]
+    assert b["responses"].shape == (6, R) and b["input_ids"].shape == (6, 4 + R)
+    assert torch.equal(b["input_ids"][:, 4:], b["responses"])
+    assert torch.equal(b["attention_mask"][:, 4:], b["response_mask"])
+    assert torch.equal(b["position_ids"][:, 4:], b["position_ids"][:, 3:4] + torch.arange(1, R + 1))
+    # Nothing counts after the mask ends: padding is PAD, log-probs 0.
+    assert torch.all(b["rollout_log_probs"][b["response_mask"] == 0] == 0)
+    assert torch.all(b["rollout_log_probs"][b["response_mask"] == 1] < 0)
+
+
+def check_eos_ends_the_mask(rollout) -> None:
+    """With the first greedy token of each prompt declared eos, every response is [eos, PAD, ...], mask [1, 0, ...]."""
+    first = rollout.generate(prompts(), n=1, greedy=True).batch["responses"][:, 0]
+    saved = rollout.eos_ids
+    rollout.eos_ids = [EOS] + sorted(set(first.tolist()) - {EOS})
+    try:
+        b = rollout.generate(prompts(), n=1, greedy=True).batch
+    finally:
+        rollout.eos_ids = saved
+    assert torch.equal(b["responses"][:, 0], first)
+    assert torch.all(b["responses"][:, 1:] == PAD)
+    assert torch.equal(b["response_mask"], torch.tensor([[1] + [0] * (R - 1)] * 3))
+
+
+def check_greedy_and_sampling(rollout) -> None:
+    g1 = rollout.generate(prompts(), n=1, greedy=True).batch["responses"]
+    g2 = rollout.generate(prompts(), n=1, greedy=True).batch["responses"]
+    assert torch.equal(g1, g2)
+    s = rollout.generate(prompts(), n=4).batch["responses"]
+    assert len({tuple(r.tolist()) for r in s}) > 1
+
+
+def check_log_probs_match_the_actor(
+    rollout, model_path: str, temperature: float, device: str = "cpu", tol: float = LOGPROB_TOL
+) -> float:
+    """vLLM's log-probs of the tokens it sampled equal the FSDP actor's on the same tokens (fp32)."""
+    actor = make_actor(model_path, device)
+    rollout.cfg.temperature = temperature
+    try:
+        out = rollout.generate(prompts(b=8, seed=1), n=4)
+    finally:
+        rollout.cfg.temperature = 1.0
+    b = out.batch
+    actor_lp = actor.infer(out, micro_batch_size=32, temperature=temperature).batch["log_probs"]
+    diff = max_diff(actor_lp, b["rollout_log_probs"], b["response_mask"])
+    assert diff < tol, diff
+    return diff
+
+
+def check_weight_sync_follows_the_actor(
+    rollout, model_path: str, device: str = "cpu", tol: float = LOGPROB_TOL
+) -> None:
+    """After an actor update and an in-place sync, vLLM's log-probs are the new weights' (not the old ones')."""
+    actor = make_actor(model_path, device)
+    batch = rollout.generate(prompts(), n=2, greedy=True)
+
+    def nll(out, mb):
+        loss = -(out["log_probs"] * mb.batch["response_mask"]).sum() / mb.batch["response_mask"].sum()
+        return loss, {"loss": float(loss)}
+
+    for _ in range(3):
+        actor.train_step(batch, nll, micro_batch_size=6)
+    moved = rollout.update_weights(actor.weights())
+    expected = sum(p.numel() * p.element_size() for _, p in actor.weights())
+    assert moved == expected > 0
+    after = rollout.generate(prompts(), n=2, greedy=True)
+    mask, reported = after.batch["response_mask"], after.batch["rollout_log_probs"]
+    new_lp = actor.infer(after, micro_batch_size=6).batch["log_probs"]
+    old_lp = make_actor(model_path, device).infer(after, micro_batch_size=6).batch["log_probs"]  # untrained weights
+    assert max_diff(new_lp, reported, mask) < tol
+    assert max_diff(old_lp, reported, mask) > 0.1
+
+
+def check_sleep_then_sync_then_generate(rollout, model_path: str, device: str = "cpu") -> None:
+    """The hybrid engine's cycle: sleep while the actor trains, wake + sync, generate (GPU engines free and restore
+    memory in between; on CPU vLLM has no sleep mode and keeps it)."""
+    rollout.sleep()
+    rollout.update_weights(make_actor(model_path, device).weights())
+    out = rollout.generate(prompts(), n=1, greedy=True)
+    assert out.batch["response_mask"].sum() > 0

@@ -1,0 +1,1 @@
+from tests.fixtures import embedded_cache  # noqa: F401
