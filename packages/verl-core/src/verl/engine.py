@@ -50,10 +50,9 @@ class EngineConfig:
 class TrainEngine(Protocol):
     """A model being trained (or only evaluated, for the reference) on this worker's shard of the role.
 
-    An engine that splits the model (megatron) may also offer what the hybrid engine uses when present:
-    `weights(gen_tp=g)` (this rank's shard for a rollout with tensor parallelism g), `last_sync.received_bytes`
-    (bytes that reached this rank while streaming them), and `generation_dispatch_info(g)` (this rank's place
-    among the rollout replicas, which then differs from the training layout).
+    An engine that splits the model (megatron) may also offer `weights(gen_tp=g)` (this rank's shard for a
+    rollout with tensor parallelism g) and `last_sync.received_bytes` (bytes that reached this rank from other
+    ranks while assembling the full tensors), reported with each weight sync.
     """
 
     def infer(

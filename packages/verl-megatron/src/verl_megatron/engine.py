@@ -368,7 +368,10 @@ class MegatronEngine:
 
     def weights(self, gen_tp: int = 1) -> Iterator[Tuple[str, torch.Tensor]]:
         """Full parameters (gen_tp=1), or this rank's shard for a generation engine with tensor parallelism
-        gen_tp, one HF tensor at a time; collective: every rank of the role must consume the iterator fully."""
+        gen_tp, one HF tensor at a time; collective: every rank of the role must consume the iterator fully.
+
+        The shipped rollout engines take full tensors (vLLM and SGLang slice their own TP shard while loading);
+        gen_tp > 1 serves an engine that takes pre-sharded tensors (HybridFlow's micro-DP gather)."""
         if gen_tp not in self._gen_groups:
             self._gen_groups[gen_tp] = generation_groups(self.layout, gen_tp)
         self.last_sync = SyncStats()
@@ -382,20 +385,6 @@ class MegatronEngine:
             gen=self._gen_groups[gen_tp],
             stats=self.last_sync,
         )
-
-    def generation_dispatch_info(self, gen_tp: int) -> Tuple[int, int, bool]:
-        """(dp_rank, dp_size, collect) of this rank as a generation replica under tensor parallelism gen_tp.
-
-        Each micro data-parallel group (tp/gen_tp consecutive TP ranks) becomes that many generation replicas, so
-        generation has dp * tp / gen_tp replicas; a replica's tp rank 0 of the last stage returns its results.
-        """
-        if gen_tp < 1 or self.layout.tp % gen_tp:
-            raise ValueError(f"rollout tensor parallelism {gen_tp} must divide the actor's tp={self.layout.tp}")
-        m = self.layout.tp // gen_tp
-        lay = self.layout
-        # Replicas: pp stages each run generation too (every rank holds the full weights after a sync).
-        replica = (lay.tp_rank % m) + m * (lay.dp_rank + lay.dp * lay.pp_rank)
-        return replica, m * lay.dp * lay.pp, lay.tp_rank // m == 0
 
     # ---- checkpoints --------------------------------------------------------------------------------------
     def _sharded_state(self, loading: bool) -> Dict[str, Any]:

@@ -215,6 +215,23 @@ def check_rollout_layout(ctx: Context) -> List[ConfigProblem]:
                 "set rollout.parallel.vpp=null",
             )
         )
+    if ctx.cfg.rollout.backend == "sglang":
+        if (parallel.get("tp") or 1) != 1:
+            problems.append(
+                _error(
+                    "rollout.parallel.tp",
+                    f"the sglang rollout generates with tp=1 only in this version; got tp={parallel['tp']}",
+                    "set rollout.parallel.tp=1, or use rollout.backend=vllm for tensor-parallel generation",
+                )
+            )
+        if ctx.cfg.placement.device != "cuda":
+            problems.append(
+                _error(
+                    "rollout.backend",
+                    "the sglang rollout runs on CUDA GPUs only",
+                    "set placement.device=cuda, or use rollout.backend=vllm (it has a CPU build) or hf",
+                )
+            )
     return problems
 
 

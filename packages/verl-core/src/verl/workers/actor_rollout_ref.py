@@ -66,10 +66,15 @@ class ActorRolloutRefWorker(Worker):
         engine = self.actor or self.ref
         if engine is not None:  # batches are split by the train engine's data-parallel layout
             self.set_dispatch_info(*engine.data_parallel_info())
-        if self.rollout is not None and hasattr(self.actor, "generation_dispatch_info"):
-            # The rollout's own layout (HybridFlow's generation replicas): e.g. a TP=2 actor feeds two TP=1
-            # rollout replicas, each generating half of the prompts. Otherwise generation follows the actor's.
-            self.set_dispatch_info(*self.actor.generation_dispatch_info(self._rollout_tp()), mesh="rollout")
+        if self.rollout is not None:
+            # Generation has its own layout (the placement plan's rollout order, tp fastest): `tp` consecutive ranks
+            # form one generation group (vLLM's and SGLang's own grouping), get the same prompts, and its first rank
+            # returns the results. E.g. a TP=2 megatron actor on 2 ranks feeds two TP=1 rollouts, each generating
+            # half of the prompts; an FSDP actor on 2 ranks feeds one vLLM engine with TP=2.
+            tp = self._rollout_tp()
+            if self.world_size % tp:
+                raise ValueError(f"rollout.parallel.tp={tp} does not divide this pool's {self.world_size} ranks")
+            self.set_dispatch_info(self.rank // tp, self.world_size // tp, self.rank % tp == 0, mesh="rollout")
 
     def _rollout_tp(self) -> int:
         return int(self.cfg.rollout.parallel.tp or 1)
@@ -126,9 +131,9 @@ class ActorRolloutRefWorker(Worker):
         (tensor-parallel gathers, pipeline broadcasts); seconds: the whole sync on this rank."""
         start = time.perf_counter()
         actor, rollout = self._need("actor"), self._need("rollout")
-        tp = self._rollout_tp()
         rollout.wake()
-        moved = rollout.update_weights(actor.weights() if tp == 1 else actor.weights(gen_tp=tp))
+        # Full tensors, one at a time: every rollout engine slices its own tensor-parallel shard while loading.
+        moved = rollout.update_weights(actor.weights())
         stats = getattr(actor, "last_sync", None)
         return {
             "bytes": float(moved),
