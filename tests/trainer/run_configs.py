@@ -31,6 +31,22 @@ def tiny_config(recipe: str, out_dir: str, *overrides: str, steps: int = 2) -> D
     return load_config(RECIPES / f"{recipe}.yaml", [*tiny_overrides(out_dir, steps), *overrides])
 
 
+def fit(cfg: DictConfig) -> tuple[dict, list[dict]]:
+    """Train with `cfg` in this process's driver; returns the summary and the per-step metrics (jsonl rows)."""
+    import json
+    import os
+
+    from verl.trainer.ppo import PPOTrainer
+
+    trainer = PPOTrainer(cfg)
+    try:
+        summary = trainer.fit()
+    finally:
+        trainer.close()
+    with open(os.path.join(cfg.trainer.output_dir, "logs", "metrics.jsonl")) as f:
+        return summary, [json.loads(line) for line in f]
+
+
 def odd_length_reward(prompt: str, response: str, ground_truth: str, extra: dict) -> float:
     """A reward with spread on an untrained model (whose answers are never right): 1 for odd-length responses.
     Without spread every GRPO advantage is 0 and a step changes nothing."""

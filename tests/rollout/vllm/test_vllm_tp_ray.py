@@ -4,14 +4,10 @@ synced after each update are the actor's (its log-probs equal the trainer's on t
 
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
 
 from tests.fixtures import ray_two_cpus  # noqa: F401
-from tests.trainer.run_configs import ODD_LENGTH_REWARD, tiny_config
-from verl.trainer.ppo import PPOTrainer
+from tests.trainer.run_configs import ODD_LENGTH_REWARD, fit, tiny_config
 
 
 @pytest.fixture(autouse=True)
@@ -29,14 +25,8 @@ def test_vllm_tp2_generates_for_a_two_rank_fsdp_actor(ray_two_cpus, tmp_path):  
         ODD_LENGTH_REWARD,
         steps=2,
     )
-    trainer = PPOTrainer(cfg)
-    try:
-        summary = trainer.fit()
-    finally:
-        trainer.close()
+    summary, rows = fit(cfg)
     assert summary["steps"] == 2
-    with open(os.path.join(tmp_path, "logs", "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f]
     model_bytes = 808_832 * 4
     for row in rows:
         assert row["perf/weight_sync_bytes"] == 2 * model_bytes  # each rank's shard of the engine loads all

@@ -3,13 +3,9 @@ update the weights go into vLLM in place; the mismatch metric and truncated impo
 
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
 
-from tests.trainer.run_configs import ODD_LENGTH_REWARD, tiny_config
-from verl.trainer.ppo import PPOTrainer
+from tests.trainer.run_configs import ODD_LENGTH_REWARD, fit, tiny_config
 
 
 @pytest.fixture(autouse=True)
@@ -27,14 +23,8 @@ def test_vllm_rollout_trains_syncs_and_reports_the_mismatch(tmp_path):
         ODD_LENGTH_REWARD,  # spread on an untrained model, so the update moves the weights
         steps=3,
     )
-    trainer = PPOTrainer(cfg)
-    try:
-        summary = trainer.fit()
-    finally:
-        trainer.close()
+    summary, rows = fit(cfg)
     assert summary["steps"] == 3
-    with open(os.path.join(tmp_path, "logs", "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f]
     model_bytes = 808_832 * 4  # embedded:tiny-llama, fp32: every tensor goes into vLLM after every update
     for row in rows:
         assert row["perf/weight_sync_bytes"] == model_bytes
