@@ -58,3 +58,16 @@ def test_weight_sync_follows_the_actor(rollout, llama_dir):
 
 def test_sleep_then_sync_then_generate(rollout, llama_dir):
     contract.check_sleep_then_sync_then_generate(rollout, llama_dir)
+
+
+def test_stale_cpu_shm_of_this_rank_is_removed_before_a_tp_engine_starts(rollout, tmp_path):
+    """A killed TP=2 run leaves its ranks' segments; rank 0 of the next run removes its own, nothing else.
+    (Rank 0 of the group this module's engine joined.)"""
+    from verl_rollout.vllm import remove_stale_cpu_shm
+
+    names = ["-tp:0-[0-1]-cpushm_0", "-tp:0-[0-1]-cpushm_1", "-tp:0-[2-3]-cpushm_0", "psm_1234"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    removed = remove_stale_cpu_shm(2, shm_dir=str(tmp_path))
+    assert [p.rsplit("/", 1)[1] for p in removed] == ["-tp:0-[0-1]-cpushm_0"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])

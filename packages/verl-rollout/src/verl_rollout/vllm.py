@@ -16,10 +16,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 
 from verl.engine import Weights
 from verl.protocol import DataProto
@@ -34,6 +37,26 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 from vllm import LLM, SamplingParams  # noqa: E402  # pants: no-infer-dep (the optional extra; resolve `vllm`)
 from vllm.inputs import TokensPrompt  # noqa: E402  # pants: no-infer-dep
+
+
+def remove_stale_cpu_shm(tp: int, shm_dir: str = "/dev/shm") -> List[str]:
+    """Remove this rank's shared-memory segment left by an earlier run of a CPU tensor-parallel engine.
+
+    vLLM's CPU all-reduce puts each rank of a TP group in a /dev/shm segment named after the group's ranks
+    ("...-tp:0-[0-1]-cpushm_<index>"); under the external launcher the name carries no per-run identifier, and a
+    process that ends without vLLM's teardown (a killed worker) leaves the segment behind, after which every later
+    engine on that machine fails with "create shm in SHMManager failed. errno: 17". Each rank removes only its own
+    segment, just before creating it again. Returns the paths removed."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    first = rank - rank % tp
+    ranks = "-".join(str(r) for r in range(first, first + tp))
+    pattern = os.path.join(shm_dir, f"*-tp:*-[[]{ranks}[]]-cpushm_{rank % tp}")
+    removed = []
+    for path in glob.glob(pattern):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+            removed.append(path)
+    return removed
 
 
 class VLLMRollout:
@@ -74,6 +97,8 @@ class VLLMRollout:
             kwargs["gpu_memory_utilization"] = float(cfg.gpu_memory_utilization)
         if tp > 1:
             kwargs["distributed_executor_backend"] = "external_launcher"
+            if not on_gpu:
+                remove_stale_cpu_shm(tp)
         self.llm = LLM(**kwargs)
         self.asleep = False
         self.weights_discarded = False

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
 
 from verl.controller import make_worker_group, pools_from_plan
 from verl.placement import make_plan
@@ -18,11 +18,16 @@ ACTOR_SIDE = ("actor", "rollout", "ref")
 class Workers:
     actor_rollout: Any  # a worker group of ActorRolloutRefWorker
     critic: Optional[Any]  # a worker group of CriticWorker, when the run has a critic
+    pools: List[Any] = field(default_factory=list)  # the run's resource pools, released at shutdown
 
     def shutdown(self) -> None:
+        """Stop the workers, then release their pools' reservations (another run in this Ray session needs them)."""
         for group in (self.actor_rollout, self.critic):
             if group is not None:
                 group.shutdown()
+        for pool in self.pools:
+            pool.remove()
+        self.pools = []
 
 
 def _threads_per_worker(plan: Any, groups_per_pool: int) -> str:
@@ -82,4 +87,4 @@ def start_workers(cfg: Any, *, model_path: str, total_steps: int) -> Workers:
     actor_rollout.init_model()
     if critic is not None:
         critic.init_model()
-    return Workers(actor_rollout, critic)
+    return Workers(actor_rollout, critic, list(pools.values()))
