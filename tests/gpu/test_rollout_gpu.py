@@ -87,4 +87,6 @@ def test_sleep_frees_memory_and_the_cycle_generates(rollout, llama_dir):
     torch.cuda.synchronize()
     freed = torch.cuda.mem_get_info()[0] - before
     assert freed > 0, "sleep released no GPU memory"
-    contract.check_sleep_then_sync_then_generate(rollout, llama_dir, device="cuda")
+    with pytest.raises(RuntimeError, match="update_weights"):  # the weights were discarded: sync first
+        rollout.generate(contract.prompts(), n=1)
+    contract.check_sleep_then_sync_then_generate(rollout, llama_dir, device="cuda", tol=GPU_TOL)

@@ -70,8 +70,17 @@ def check_greedy_and_sampling(rollout) -> None:
     g1 = rollout.generate(prompts(), n=1, greedy=True).batch["responses"]
     g2 = rollout.generate(prompts(), n=1, greedy=True).batch["responses"]
     assert torch.equal(g1, g2)
-    s = rollout.generate(prompts(), n=4).batch["responses"]
-    assert len({tuple(r.tolist()) for r in s}) > 1
+    # The n samples of one prompt differ from each other (not only from other prompts' samples).
+    s = rollout.generate(prompts(), n=4).batch["responses"].view(3, 4, R)
+    assert any(len({tuple(r.tolist()) for r in group}) > 1 for group in s)
+    # Temperature 0 is greedy: n copies of the greedy response.
+    saved = rollout.cfg.temperature
+    rollout.cfg.temperature = 0.0
+    try:
+        z = rollout.generate(prompts(), n=2).batch["responses"]
+    finally:
+        rollout.cfg.temperature = saved
+    assert torch.equal(z, g1.repeat_interleave(2, dim=0))
 
 
 def check_log_probs_match_the_actor(
@@ -115,10 +124,17 @@ def check_weight_sync_follows_the_actor(
     assert max_diff(old_lp, reported, mask) > 0.1
 
 
-def check_sleep_then_sync_then_generate(rollout, model_path: str, device: str = "cpu") -> None:
-    """The hybrid engine's cycle: sleep while the actor trains, wake + sync, generate (GPU engines free and restore
-    memory in between; on CPU vLLM has no sleep mode and keeps it)."""
+def check_sleep_then_sync_then_generate(
+    rollout, model_path: str, device: str = "cpu", tol: float = LOGPROB_TOL
+) -> None:
+    """The hybrid engine's cycle: sleep while the actor trains, wake + sync, generate. The engine then generates
+    with exactly the synced weights (here the untrained model's, after earlier checks trained it), whatever
+    sleep freed in between (GPU engines free the KV cache and the weights; vLLM's CPU build has no sleep mode)."""
+    actor = make_actor(model_path, device)
     rollout.sleep()
-    rollout.update_weights(make_actor(model_path, device).weights())
-    out = rollout.generate(prompts(), n=1, greedy=True)
-    assert out.batch["response_mask"].sum() > 0
+    rollout.update_weights(actor.weights())
+    out = rollout.generate(prompts(), n=2)
+    mask = out.batch["response_mask"]
+    assert mask.sum() > 0
+    expected = actor.infer(out, micro_batch_size=6).batch["log_probs"]
+    assert max_diff(expected, out.batch["rollout_log_probs"], mask) < tol

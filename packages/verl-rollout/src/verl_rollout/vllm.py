@@ -129,6 +129,7 @@ class VLLMRollout:
                 "into it (update_weights) before generating"
             )
         self._wake_kv_cache()
+        greedy = greedy or self.cfg.temperature <= 0  # vLLM treats temperature 0 as greedy
         if n > 1 and greedy:  # vLLM samples n > 1 only at random; greedy copies are separate requests
             prompts, n = prompts.repeat(n, interleave=True), 1
         requests = [TokensPrompt(prompt_token_ids=ids) for ids in unpadded_prompts(prompts)]

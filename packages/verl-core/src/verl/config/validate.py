@@ -273,27 +273,6 @@ def _divisors_text(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
-def check_hybrid_engine(ctx: Context) -> List[ConfigProblem]:
-    """Colocated with a megatron actor, the rollout reshards inside one actor TP*PP group."""
-    cfg, draft = ctx.cfg, ctx.draft
-    if draft.pool_of("rollout") is None or draft.pool_of("rollout") != draft.pool_of("actor"):
-        return []
-    if role_backend(cfg, "actor") != "megatron":
-        return []
-    actor, rollout = role_parallel(cfg, "actor"), role_parallel(cfg, "rollout")
-    tp, pp, rollout_tp = actor.get("tp") or 1, actor.get("pp") or 1, rollout.get("tp") or 1
-    if min(tp, pp, rollout_tp) < 1 or (tp * pp) % rollout_tp == 0:
-        return []
-    return [
-        _error(
-            "rollout.parallel.tp",
-            f"rollout tp={rollout_tp} does not divide actor tp*pp = {tp}*{pp} = {tp * pp}; in pool "
-            f"'{draft.pool_of('rollout')}' the hybrid engine reshards the actor inside one model-parallel group",
-            f"rollout tp values that fit: {_divisors_text(tp * pp)}",
-        )
-    ]
-
-
 # ---------------------------------------------------------------------------------------------
 # batch sizes
 # ---------------------------------------------------------------------------------------------
@@ -705,7 +684,6 @@ CHECKS: Sequence[Check] = (
     check_rollout_layout,
     check_virtual_pipeline,
     check_expert_parallel,
-    check_hybrid_engine,
     check_positive_sizes,
     check_rollout_batch,
     check_train_batches,
