@@ -72,3 +72,25 @@ def random_batch(b: int, p: int, r: int, vocab: int = 40, seed: int = 0, left_pa
             "response_mask": torch.ones(b, r, dtype=torch.long),
         }
     )
+
+
+def policy_batch(rows: int, p: int, r: int, vocab: int, old_log_prob: float):
+    """A PPO update batch for parity tests: rows 0-2 left-padded by 2, equal-length responses (so token-mean
+    per rank equals the global one), constant old log-probs, random advantages; the same for every call."""
+    from verl.protocol import DataProto
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, vocab, (rows, p + r), generator=g)
+    mask = torch.ones(rows, p + r, dtype=torch.long)
+    mask[:3, :2] = 0
+    return DataProto.from_dict(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+            "responses": ids[:, p:],
+            "response_mask": torch.ones(rows, r, dtype=torch.long),
+            "old_log_probs": old_log_prob * torch.ones(rows, r),
+            "advantages": torch.randn(rows, r, generator=g),
+        }
+    )

@@ -29,10 +29,17 @@ def megatron_world_one():
     dist.destroy_process_group()
 
 
-def test_applied_only_without_cuda():
+def test_applied_only_without_cuda(monkeypatch):
+    import importlib
+
     from verl_megatron import cpu_compat
 
-    assert cpu_compat.needed() is (not torch.cuda.is_available())
+    with monkeypatch.context() as m:  # a host with CUDA: the layer stays out, megatron keeps the real torch
+        m.setattr(torch.cuda, "is_available", lambda: True)
+        m.setattr(cpu_compat, "_applied", False)
+        assert cpu_compat.apply() is False and not cpu_compat.applied()
+        assert all(getattr(importlib.import_module(name), "torch", torch) is torch for name in cpu_compat.CUDA_MODULES)
+    assert cpu_compat.needed()  # this host has no CUDA (the module is skipped where it does)
     assert cpu_compat.apply() is True and cpu_compat.applied()
     assert cpu_compat.apply() is True  # idempotent
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.engine_fixtures import policy_batch
 from tests.trainer.run_configs import tiny_config
 from verl.controller import make_worker_group, pools_from_plan
 from verl.embedded.models import materialize_embedded_model
@@ -31,21 +32,7 @@ def model_path(embedded_cache):
 
 
 def _batch(vocab: int) -> DataProto:
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(4, vocab, (ROWS, P + R), generator=g)
-    mask = torch.ones(ROWS, P + R, dtype=torch.long)
-    mask[:3, :2] = 0  # some left-padded prompts
-    return DataProto.from_dict(
-        {
-            "input_ids": ids,
-            "attention_mask": mask,
-            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-            "responses": ids[:, P:],
-            "response_mask": torch.ones(ROWS, R, dtype=torch.long),  # equal lengths: token-mean per rank = global
-            "old_log_probs": -4.5 * torch.ones(ROWS, R),
-            "advantages": torch.randn(ROWS, R, generator=g),
-        }
-    )
+    return policy_batch(ROWS, P, R, vocab, old_log_prob=-4.5)
 
 
 def _step(model_path: str, tmp, name: str, devices: int, *overrides: str):

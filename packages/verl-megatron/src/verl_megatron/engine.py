@@ -10,6 +10,7 @@ Weights enter from HF safetensors and leave as HF tensors (streamed one at a tim
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -351,7 +352,7 @@ class MegatronEngine:
         opt = self.optimizer
         opt.prepare_grads()
         grad_norm = float(opt.get_grad_norm())
-        if not torch.isfinite(torch.tensor(grad_norm)):
+        if not math.isfinite(grad_norm):
             return grad_norm, False
         for inner in getattr(opt, "chained_optimizers", [opt]):
             params = inner.get_parameters()

@@ -131,7 +131,6 @@ def export_checkpoint(checkpoint: str, out: str, *, shard_bytes: int = SHARD_BYT
 
 
 def _init_world_of_one() -> bool:
-    import socket
 
     import torch.distributed as dist
 
@@ -139,8 +138,8 @@ def _init_world_of_one() -> bool:
         if dist.get_world_size() != 1:
             raise RuntimeError("export runs as a single process; call it outside a distributed job")
         return False
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from verl.controller.worker import free_port
+
+    port = free_port("127.0.0.1")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     return True

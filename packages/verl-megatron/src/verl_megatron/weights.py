@@ -183,8 +183,8 @@ def stream_hf(
             yield name, tensor
 
 
-def generation_shape(p: Placement, name: str, full: torch.Size, gen: GenerationGroups, dims: Dims) -> torch.Size:
-    """Shape of generation shard of HF tensor `name` (full shape `full`) under gen_tp."""
+def generation_shape(p: Placement, full: torch.Size, gen: GenerationGroups, dims: Dims) -> torch.Size:
+    """Shape of the generation shard, under gen_tp, of an HF tensor whose full shape is `full`."""
     g = gen.gen_tp
     if g == 1 or p.rule.kind == "replicate":
         return full
@@ -201,7 +201,7 @@ def _broadcast_from_stage(p, pieces, layout, gen, dims, shapes, dtype, device, p
     src = dist.get_global_rank(pp_group, p.pp_rank)
     if pieces is None:
         pieces = [
-            torch.empty(generation_shape(p, n, shapes[n], gen, dims), dtype=dtype, device=device) for n in p.hf_names
+            torch.empty(generation_shape(p, shapes[n], gen, dims), dtype=dtype, device=device) for n in p.hf_names
         ]
         receiving = True
     else:

@@ -126,7 +126,6 @@ def rollout_mismatch_metrics(
     rollout/prob_ratio_max: max pi_old/pi_rollout, what a truncated importance-sampling cap would clip."""
     dtype = acc_dtype(old_log_prob, rollout_log_probs)
     diff = old_log_prob.detach().to(dtype) - rollout_log_probs.detach().to(dtype)
-    diff = torch.where(response_mask.bool(), diff, torch.zeros_like(diff))  # padding may hold anything
     return {
         "rollout/logprob_diff_max": float(masked_max(diff.abs(), response_mask)),
         "rollout/logprob_diff_mean": float(masked_mean(diff.abs(), response_mask)),

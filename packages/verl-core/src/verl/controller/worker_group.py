@@ -62,7 +62,7 @@ class WorkerGroup(Protocol):
 
     def execute_rank_zero(self, method: str, *args: Any, **kwargs: Any) -> Any: ...
 
-    def refresh_dispatch_info(self, mesh: str = "train") -> list[dict]: ...
+    def refresh_dispatch_info(self) -> list[dict]: ...
 
     def shutdown(self) -> None: ...
 
@@ -340,10 +340,11 @@ class RayWorkerGroup:
             self._infos[mesh] = read_dispatch_infos(self.role, self.execute_all("dispatch_info", mesh))
         return self._infos[mesh]
 
-    def refresh_dispatch_info(self, mesh: str = "train") -> list[dict]:
-        """Re-read every rank's dispatch_info() (the group reads each mesh once, at its first DP_COMPUTE call)."""
+    def refresh_dispatch_info(self) -> list[dict]:
+        """Forget every mesh's cached layout (the group reads each mesh once, at its first DP_COMPUTE call, and
+        again after this); returns the ranks' "train" layout, re-read now."""
         self._infos = {}
-        return [vars(info).copy() for info in self._dispatch_infos(mesh)]
+        return [vars(info).copy() for info in self._dispatch_infos("train")]
 
     def shutdown(self) -> None:
         """Kill the actors (the pool's reservation stays: other groups may share it; see ResourcePool.remove)."""
@@ -457,9 +458,9 @@ class LocalWorkerGroup:
             self._infos[mesh] = read_dispatch_infos(self.role, self.execute_all("dispatch_info", mesh))
         return self._infos[mesh]
 
-    def refresh_dispatch_info(self, mesh: str = "train") -> list[dict]:
+    def refresh_dispatch_info(self) -> list[dict]:
         self._infos = {}
-        return [vars(info).copy() for info in self._dispatch_infos(mesh)]
+        return [vars(info).copy() for info in self._dispatch_infos("train")]
 
     def shutdown(self) -> None:
         self.worker = None

@@ -207,7 +207,7 @@ class PPOTrainer:
         per_rank = self.workers.actor_rollout.sync_weights()
         return {
             "perf/weight_sync_bytes": sum(r["bytes"] for r in per_rank),
-            "perf/weight_sync_comm_bytes": sum(r.get("comm_bytes", 0.0) for r in per_rank),
+            "perf/weight_sync_comm_bytes": sum(r["comm_bytes"] for r in per_rank),
             "timing/weight_sync_s": max(r["seconds"] for r in per_rank),
         }
 

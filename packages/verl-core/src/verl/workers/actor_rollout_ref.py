@@ -131,7 +131,6 @@ class ActorRolloutRefWorker(Worker):
         (tensor-parallel gathers, pipeline broadcasts); seconds: the whole sync on this rank."""
         start = time.perf_counter()
         actor, rollout = self._need("actor"), self._need("rollout")
-        rollout.wake()
         # Full tensors, one at a time: every rollout engine slices its own tensor-parallel shard while loading.
         moved = rollout.update_weights(actor.weights())
         stats = getattr(actor, "last_sync", None)
