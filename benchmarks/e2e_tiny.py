@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from machine import cpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "grpo_tiny.yaml"
@@ -175,11 +176,7 @@ def main() -> None:
     v, p = summarize(verl_rows, args.skip), summarize(plain_rows, args.skip)
     ratio = v["perf/tokens_per_s"] / p["perf/tokens_per_s"]
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    cpu = cpu_name()
     lines = [
         "# grpo_tiny end to end: verl vs a plain PyTorch loop",
         "",

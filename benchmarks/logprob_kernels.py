@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import cpu_name
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = {
     "cpu": {"n": 4096, "h": 1024, "v": 151936, "dtype": "float32", "impls": "naive,chunked"},
@@ -135,10 +137,8 @@ def rel_err(a, b) -> float:
 def machine() -> dict:
     import torch
 
-    with open("/proc/cpuinfo") as f:
-        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
     info = {
-        "cpu": cpu,
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "python": platform.python_version(),

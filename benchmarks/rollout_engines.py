@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 for src in ("verl-core", "verl-rollout"):
     sys.path.insert(0, str(ROOT / "packages" / src / "src"))
 
+from machine import cpu_name  # noqa: E402
+
 from verl.config.schema import RolloutConfig  # noqa: E402
 from verl.protocol import DataProto  # noqa: E402
 
@@ -123,16 +125,6 @@ def bench_engine(engine, batch: DataProto, weights: dict, args) -> dict:
     tokens = int(out.batch["response_mask"].sum())
     sync_s, _ = median_call(lambda: engine.update_weights(iter(weights.items())), args.repeats)
     return {"gen_s": secs, "tokens": tokens, "tok_s": tokens / secs, "sync_s": sync_s}
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main() -> None:

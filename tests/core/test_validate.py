@@ -197,6 +197,17 @@ def test_virtual_pipeline_needs_pipeline():
     assert check(MEGATRON8, {"actor": {"parallel": {"pp": 2, "vpp": 2}}}) == []
 
 
+def test_sequence_parallel_is_megatrons_and_needs_tensor_parallelism():
+    p = only(check(MEGATRON8, {"actor": {"parallel": {"sequence_parallel": True}}}))
+    assert p.key == "actor.parallel.sequence_parallel" and "tp=1" in p.message and "parallel.tp to 2" in p.fix
+    assert check(MEGATRON8, {"actor": {"parallel": {"tp": 2, "sequence_parallel": True}}}) == []
+    assert check(MEGATRON8, {"actor": {"parallel": {"tp": 2, "sequence_parallel": False}}}) == []
+    p = only(check({"placement": {"devices_per_node": 8}, "actor": {"parallel": {"sequence_parallel": True}}}))
+    assert p.key == "actor.parallel.sequence_parallel" and "uses fsdp" in p.message
+    p = only(check(MEGATRON8, {"rollout": {"parallel": {"sequence_parallel": True}}}))
+    assert p.key == "rollout.parallel.sequence_parallel"
+
+
 def test_expert_parallel_must_divide_dp_times_cp():
     p = only(check(MEGATRON8, {"actor": {"parallel": {"tp": 2, "ep": 3}}}))
     assert p.key == "actor.parallel.ep"

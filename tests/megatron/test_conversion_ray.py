@@ -1,7 +1,7 @@
 """Megatron engines in Ray worker processes (gloo): HF -> mcore -> HF is exact, and log-probs match HF's.
 
-Three layouts: TP=2 (2 workers), PP=2 (2 workers), TP=2 x PP=2 with 2 virtual stages each (4 workers, half a
-CPU each). Models: the embedded tiny Llama (untied), a random Qwen2 (qkv bias, tied embeddings) and a random
+Layouts: TP=2 with and without sequence parallelism, PP=2, CP=2, TP=2 x CP=2 (4 workers, half a CPU each), and
+TP=2 x PP=2 with 2 virtual stages each (4 workers). Models: the embedded tiny Llama (untied), a random Qwen2 (qkv bias, tied embeddings) and a random
 Qwen3 (qk-norm, head_dim apart from hidden/heads). Log-probs are compared with the HF model's in float32 on
 rows with left-padded prompts and right-padded responses, on the response tokens.
 """
@@ -15,6 +15,7 @@ import ray
 import torch
 
 from tests.megatron.workers import EngineWorker, check_log_probs, hf_model, parity_batch, random_model_dir
+from verl.config.schema import OptimConfig
 from verl.controller import ResourcePool, make_worker_group
 
 # Test modules are not installed in the worker processes: ship these by value.
@@ -40,22 +41,59 @@ def _group(world: int, parallel: dict):
     return pool, group
 
 
+def _hf_grad_norm(path: str, batch) -> float:
+    """Gradient norm of the mean response-token NLL (EngineWorker.train's loss) for the HF model."""
+    b = batch.batch
+    model = hf_model(path)
+    r = b["responses"].shape[1]
+    logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, -r - 1 : -1]
+    logp = torch.log_softmax(logits.float(), -1).gather(-1, b["responses"][..., None]).squeeze(-1)
+    (-logp[b["response_mask"].bool()].mean()).backward()
+    return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()])).item()
+
+
 def _hf_state(path: str) -> dict:
     from safetensors.torch import load_file
 
     return load_file(f"{path}/model.safetensors")
 
 
-@pytest.mark.parametrize("parallel", [{"tp": 2}, {"pp": 2}], ids=["tp2", "pp2"])
+@pytest.mark.parametrize(
+    "parallel",
+    [
+        {"tp": 2, "sequence_parallel": False},
+        {"tp": 2},
+        {"pp": 2},
+        {"cp": 2},
+        {"tp": 1, "cp": 2, "pp": 1},
+        {"tp": 2, "cp": 2},
+    ],
+    ids=["tp2", "tp2-sp", "pp2", "cp2", "cp2-qwen3", "tp2-sp-cp2"],
+)
 def test_log_probs_match_hf(ray_two_cpus, models, parallel):
-    pool, group = _group(2, parallel)
+    name = "qwen3" if parallel.get("pp") == 1 else "llama"
+    parallel = {k: v for k, v in parallel.items() if v != 1}
+    world = parallel.get("tp", 1) * parallel.get("pp", 1) * parallel.get("cp", 1)
+    pool, group = _group(world, parallel)
     try:
-        infos = group.load("llama", models["llama"])
-        # TP=2: one replica, collected on tp rank 0; PP=2: one replica, collected on the last stage.
-        assert infos == ([(0, 1, True), (0, 1, False)] if "tp" in parallel else [(0, 1, False), (0, 1, True)])
-        batch = parity_batch(vocab=83)
-        worst = check_log_probs(group.infer("llama", batch), models["llama"], batch)
+        infos = group.load(name, models[name])
+        # TP=2 and CP=2: one replica, collected on rank 0; PP=2: one replica, collected on the last stage.
+        assert infos == (
+            [(0, 1, False), (0, 1, True)] if "pp" in parallel else [(0, 1, True)] + [(0, 1, False)] * (world - 1)
+        )
+        vocab = hf_model(models[name]).config.vocab_size
+        batch = parity_batch(vocab=vocab)
+        worst = check_log_probs(group.infer(name, batch), models[name], batch)
         print(f"{parallel}: max |log-prob - HF| = {worst:.2e}")
+        if "cp" in parallel:
+            # 7 tokens pad to 8, in 4 chunks of 2: cp rank 0 holds positions 0, 1, 6, 7 and rank 1 holds 2-5, so
+            # every response token (predicted from positions 3-5) is rank 1's. Rank 0 still takes part in backward.
+            short = parity_batch(vocab=vocab, prompt=4, response=3, padded=False)
+            check_log_probs(group.infer(name, short), models[name], short)
+            group.load("trained", models[name], OptimConfig(lr=1e-3))
+            norms = [m["grad_norm"] for m in group.train("trained", short)]
+            want = _hf_grad_norm(models[name], short)
+            assert all(n == norms[0] for n in norms) and norms[0] == pytest.approx(want, rel=1e-5)
     finally:
         group.shutdown()
         pool.remove()

@@ -195,4 +195,4 @@ def test_rope_settings():
 
 def test_vocab_is_padded_to_a_multiple_of_tp():
     assert gpt_model_kwargs(_cfg(vocab_size=83), tp=2)["vocab_size"] == 84
-    assert gpt_model_kwargs(_cfg(vocab_size=83), tp=4, vocab_divisible_by=8)["vocab_size"] == 96
+    assert padded_vocab_size(83, tp=4, divisible_by=8) == 96

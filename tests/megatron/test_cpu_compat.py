@@ -69,6 +69,25 @@ def test_rotary_embedding_runs_on_cpu(megatron_world_one):
     torch.testing.assert_close(emb[3, 0, 0, :4], 3 * inv_freq)
 
 
+def test_context_parallel_rope_slice_runs_on_cpu(megatron_world_one):
+    from megatron.core.models.common.embeddings.rope_utils import get_pos_emb_on_this_cp_rank
+
+    from verl_megatron.context_parallel import chunk_positions
+
+    class Rank1Of2:  # the function asks its group only for size and rank
+        def size(self):
+            return 2
+
+        def rank(self):
+            return 1
+
+    # megatron builds the chunk index with pin_memory=True and moves it with .cuda(): both need CUDA as shipped.
+    emb = torch.arange(8.0)[:, None, None, None]
+    mine = get_pos_emb_on_this_cp_rank(emb, 0, Rank1Of2())
+    assert mine.device.type == "cpu"
+    assert mine.flatten().tolist() == chunk_positions(8, 2, 1).float().tolist() == [2.0, 3.0, 4.0, 5.0]
+
+
 def test_cuda_device_factories_build_cpu_tensors(megatron_world_one):
     from megatron.core.transformer.utils import get_default_causal_mask
 

@@ -13,6 +13,8 @@ import torch.distributed as dist
 from tests.engine_fixtures import free_port, make_llama_dir, random_batch
 from verl.config.schema import OptimConfig
 from verl.engine import EngineConfig
+from verl_megatron.context_parallel import chunk_positions, local_index
+from verl_megatron.parallel import sequence_parallel
 from verl_megatron.sequences import pack
 
 LAYOUT = types.SimpleNamespace(tp=1, pp=1, vpp=None, cp=1, ep=1, dp=None)
@@ -56,6 +58,32 @@ def test_pack_rotates_rows_so_real_tokens_start_at_zero():
     assert p.predict_index.tolist() == [[1, 2], [3, 4]]
     with pytest.raises(ValueError, match="padding between real tokens"):
         pack(ids, torch.tensor([[1, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]), ids[:, 4:])
+    # Sequence/context parallelism pad the length to a multiple: after every real token, positions unchanged.
+    padded = pack(ids, mask, ids[:, 4:], multiple=4)
+    assert padded.input_ids.tolist() == [[5, 6, 7, 8, 0, 0, 0, 0], [1, 2, 3, 4, 7, 9, 0, 0]]
+    assert padded.position_ids[0].tolist() == list(range(8)) and torch.equal(padded.predict_index, p.predict_index)
+
+
+def test_context_parallel_split_is_megatrons_load_balanced_one():
+    # 16 positions in 2*cp = 8 chunks of 2: rank r holds chunks r and 7 - r.
+    assert chunk_positions(16, 4, 0).tolist() == [0, 1, 14, 15]
+    assert chunk_positions(16, 4, 3).tolist() == [6, 7, 8, 9]
+    every = torch.cat([chunk_positions(16, 4, r) for r in range(4)])
+    assert sorted(every.tolist()) == list(range(16))
+    # Where a rank finds a global position in its part, or -1 where another rank holds it.
+    assert local_index(torch.tensor([[0, 6, 15]]), 16, 4, 0).tolist() == [[0, -1, 3]]
+    assert local_index(torch.tensor([[0, 6, 15]]), 16, 4, 3).tolist() == [[-1, 0, -1]]
+    with pytest.raises(ValueError, match="not a multiple of 2\\*cp = 8"):
+        chunk_positions(12, 4, 0)
+
+
+def test_sequence_parallel_defaults_on_with_tensor_parallelism():
+    settings = types.SimpleNamespace
+    assert sequence_parallel(settings(sequence_parallel=None), tp=2) is True
+    assert sequence_parallel(settings(sequence_parallel=None), tp=1) is False
+    assert sequence_parallel(settings(sequence_parallel=False), tp=4) is False
+    with pytest.raises(ValueError, match="sequence_parallel=true .* needs tp > 1"):
+        sequence_parallel(settings(sequence_parallel=True), tp=1)
 
 
 def test_log_probs_and_entropy_match_hf(world_one, llama):
@@ -156,6 +184,14 @@ def test_bad_settings_are_refused_by_name(world_one, llama):
         _engine(llama, dtype="fp8")
     with pytest.raises(ValueError, match="model.override_config.no_such_key"):
         _engine(llama, override_config={"no_such_key": 1})
+    from transformers import AutoConfig
+
+    from verl_megatron.model import transformer_config
+    from verl_megatron.parallel import Layout
+
+    ep2 = Layout(tp=1, pp=1, vpp=None, cp=1, ep=2, dp=2, tp_rank=0, pp_rank=0, cp_rank=0, dp_rank=0)
+    with pytest.raises(ValueError, match="parallel.ep=2: .* this llama model has none"):
+        transformer_config(AutoConfig.from_pretrained(llama), ep2, dtype=torch.float32, device="cpu")
     engine = _engine(llama, optim=False)
     with pytest.raises(RuntimeError, match="without an optimizer"):
         engine.train_step(random_batch(2, 4, 2), _nll, micro_batch_size=2)

@@ -1,12 +1,14 @@
 """One actor update of the megatron engine through the project's worker (ActorRolloutRefWorker on Ray, gloo):
-TP=2, PP=2 and DP=2 (distributed optimizer) each take the same step as TP=1 on one worker.
+TP=2 (with and without sequence parallelism), PP=2, CP=2 and DP=2 (distributed optimizer) each take the same
+step as TP=1 on one worker.
 
 Same batch, same starting weights: the loss and grad norm agree to float32 rounding and every updated weight
 agrees within WEIGHT_ATOL. Splitting the model changes only the order of float32 sums (TP's row-parallel all-reduce,
 PP's stage boundary, DP's gradient reduce-scatter). AdamW runs with eps=0.1 so its first step is close to
 lr * g / eps, linear in the gradient: with the usual eps=1e-8 the first step is lr * g / |g|, which turns a 1e-10
 rounding difference on a near-zero gradient into a 1e-5 weight difference and would hide a real error among them.
-Updates are ~1e-3; measured differences are <= 7.5e-9.
+Updates are ~1e-3; measured differences are <= 7.5e-9. A context-parallel gradient off by the factor cp (each
+rank's share is summed over the group, then averaged over dp*cp) would move weights by 2x and fail here.
 """
 
 from __future__ import annotations
@@ -72,8 +74,10 @@ def reference(ray_two_cpus, model_path, tmp_path_factory):
 @pytest.mark.parametrize(
     "name, overrides, replicas",
     [
-        ("tp2", ("actor.parallel.tp=2",), 1),
+        ("tp2", ("actor.parallel.tp=2", "actor.parallel.sequence_parallel=false"), 1),
+        ("tp2-sp", ("actor.parallel.tp=2",), 1),  # sequence parallelism is on by default with tp > 1
         ("pp2", ("actor.parallel.pp=2",), 1),
+        ("cp2", ("actor.parallel.cp=2",), 1),  # context parallelism: each rank holds half of every sequence
         ("dp2", (), 2),  # two data-parallel ranks: megatron DDP + the distributed optimizer
     ],
 )

@@ -45,14 +45,16 @@ def random_model_dir(path: str, model_type: str, *, tie: bool, layers: int = 4, 
 LOGPROB_ATOL = 1e-5  # float32 on CPU; measured differences are ~5e-7 (reduction order in attention and norms)
 
 
-def parity_batch(vocab: int, rows: int = 4, prompt: int = 6, response: int = 5) -> DataProto:
+def parity_batch(vocab: int, rows: int = 4, prompt: int = 6, response: int = 5, padded: bool = True) -> DataProto:
+    """Rows with left-padded prompts and a response that ended early (padded=False: every token real)."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, vocab, (rows, prompt + response), generator=g)
     mask = torch.ones_like(ids)
-    mask[0, :3] = 0  # left-padded prompts
-    mask[2, :1] = 0
     response_mask = torch.ones(rows, response, dtype=torch.long)
-    response_mask[1, 3:] = 0  # a response that ended early: right padding
+    if padded:
+        mask[0, :3] = 0  # left-padded prompts
+        mask[2, :1] = 0
+        response_mask[1, 3:] = 0  # a response that ended early: right padding
     mask[:, prompt:] = response_mask
     return DataProto.from_dict(
         {

@@ -25,6 +25,7 @@ Metrics = Dict[str, float]
 # loss_fn(outputs, micro_batch) -> (loss, metrics): outputs holds "log_probs"/"entropy" (policy) or "values" (critic).
 LossFn = Callable[[Dict[str, torch.Tensor], DataProto], Tuple[torch.Tensor, Metrics]]
 Weights = Iterable[Tuple[str, torch.Tensor]]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -45,6 +46,23 @@ class EngineConfig:
     seed: int = 1
     parallel: Optional[Any] = None  # verl.config.schema.ParallelConfig (backends that split the model use it)
     override_config: Dict[str, Any] = field(default_factory=dict)
+
+    def compute_dtype(self) -> torch.dtype:
+        """`dtype` on GPU; float32 on CPU (bf16 matmuls there are slow and would blur the parity tests)."""
+        if self.dtype not in DTYPES:
+            raise ValueError(f"model.dtype '{self.dtype}' is not one of {', '.join(DTYPES)}")
+        return torch.float32 if self.device == "cpu" else DTYPES[self.dtype]
+
+    def hf_config(self) -> Any:
+        """The model's Hugging Face config with model.override_config applied (each key an existing attribute)."""
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(self.model_path)
+        for key, value in self.override_config.items():
+            if not hasattr(config, key):
+                raise ValueError(f"model.override_config.{key}: {type(config).__name__} has no attribute '{key}'")
+            setattr(config, key, value)
+        return config
 
 
 class TrainEngine(Protocol):

@@ -34,8 +34,6 @@ from verl.utils.rng import get_rng_state, set_rng_state
 from verl_fsdp.model import build_model
 from verl_fsdp.parallelize import apply_fsdp
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
@@ -45,13 +43,10 @@ class FSDPEngine:
     def __init__(self, cfg: EngineConfig):
         if not dist.is_initialized():
             raise RuntimeError("FSDPEngine needs torch.distributed initialised (the worker's init_distributed)")
-        if cfg.dtype not in DTYPES:
-            raise ValueError(f"model.dtype '{cfg.dtype}' is not one of {', '.join(DTYPES)}")
         self.cfg = cfg
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.device = torch.device("cpu") if cfg.device == "cpu" else torch.device("cuda", torch.cuda.current_device())
-        # CPU runs compute in float32 (bf16 matmuls on CPU are slow and lose the parity tests their meaning).
-        self.dtype = torch.float32 if cfg.device == "cpu" else DTYPES[cfg.dtype]
+        self.dtype = cfg.compute_dtype()
         self.mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("dp",))
 
         torch.manual_seed(cfg.seed)  # the same fresh value head on every rank

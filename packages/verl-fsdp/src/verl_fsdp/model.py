@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, PreTrainedModel
 
 from verl.engine import EngineConfig
 
 
 def build_model(cfg: EngineConfig, dtype: torch.dtype) -> PreTrainedModel:
     """The role's model, loaded on CPU in `dtype` (FSDP moves shards to the device afterwards)."""
-    hf_config = AutoConfig.from_pretrained(cfg.model_path)
-    for key, value in cfg.override_config.items():
-        if not hasattr(hf_config, key):
-            raise ValueError(f"model.override_config.{key}: {type(hf_config).__name__} has no attribute '{key}'")
-        setattr(hf_config, key, value)
+    hf_config = cfg.hf_config()
     kwargs = dict(config=hf_config, dtype=dtype, attn_implementation="sdpa")
     if cfg.kind == "causal_lm":
         return AutoModelForCausalLM.from_pretrained(cfg.model_path, **kwargs)

@@ -40,13 +40,13 @@ class Dims:
     padded_vocab: int  # megatron's, a multiple of tp
 
 
-def dims_of(hf_config: Any, tp: int, vocab_divisible_by: int = 1) -> Dims:
+def dims_of(hf_config: Any, tp: int) -> Dims:
     return Dims(
         num_heads=hf_config.num_attention_heads,
         num_kv_heads=hf_config.num_key_value_heads,
         head_dim=head_dim(hf_config),
         vocab_size=hf_config.vocab_size,
-        padded_vocab=padded_vocab_size(hf_config.vocab_size, tp, vocab_divisible_by),
+        padded_vocab=padded_vocab_size(hf_config.vocab_size, tp),
     )
 
 
@@ -320,9 +320,6 @@ class SafetensorsFolder:
             )
         self._open: Dict[str, Any] = {}
         self._safe_open = safe_open
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.files
 
     def get(self, name: str) -> Tensor:
         if name not in self.files:

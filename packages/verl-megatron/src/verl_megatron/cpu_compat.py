@@ -6,15 +6,16 @@ and does nothing when CUDA is available (GPU runs use megatron exactly as shippe
 1. `torch.cuda` as megatron's modules see it (`CUDA_MODULES`): `current_device()` is the CPU; RNG state,
    `manual_seed`, `synchronize` and `empty_cache` act on the CPU generator or do nothing. Megatron's modules
    get a stand-in for the name `torch` in their globals; `torch` itself is untouched for everyone else.
-2. Tensor factories those modules call with `device="cuda"` (schedules, grad clipping, masks) build CPU tensors.
+2. Tensor factories those modules call with `device="cuda"` (schedules, grad clipping, masks) build CPU tensors,
+   and their `pin_memory=True` (context parallelism's RoPE slice) is dropped.
 3. The RNG tracker's `_get_cuda_rng_state` / `_set_cuda_rng_state` read and write the CPU generator, so
    `model_parallel_cuda_manual_seed` and `get_cuda_rng_tracker().fork()` work (forking the CPU stream).
 4. `Tensor.type()` checks against 'torch.cuda.FloatTensor' (distributed optimizer, grad clipping) and
-   `Tensor.cuda()` (tied-embedding setup across pipeline stages): inside those functions only
+   `Tensor.cuda()` (tied-embedding setup across pipeline stages, the context-parallel RoPE slice): inside those functions only
    (`TENSOR_SHIMMED`), a CPU tensor reports its CUDA type name and `.cuda()` leaves it where it is.
 
-Each behaviour has a test in tests/megatron/test_cpu_compat.py. `sequence_parallel` stays unsupported on
-CPU (it needs apex or TransformerEngine norms); the engine refuses it there with a clear error.
+Each behaviour has a test in tests/megatron/test_cpu_compat.py. (Sequence parallelism needs no patch here: its
+norms are the model's own, `verl_megatron.model.TorchNorm`, and gloo has every collective it uses.)
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ CUDA_MODULES = (
     "megatron.core.tensor_parallel.utils",
     "megatron.core.tensor_parallel.data",
     "megatron.core.models.common.embeddings.rotary_pos_embedding",
+    "megatron.core.models.common.embeddings.rope_utils",
     "megatron.core.models.gpt.gpt_model",
     "megatron.core.transformer.module",
     "megatron.core.transformer.utils",
@@ -61,6 +63,7 @@ TENSOR_SHIMMED = (
     ("megatron.core.optimizer.distrib_optimizer", "DistributedOptimizer.get_parameter_state_dp_zero"),
     ("megatron.core.optimizer.clip_grads", "clip_grad_by_total_norm_fp32"),
     ("megatron.core.models.common.language_module.language_module", "LanguageModule.setup_embeddings_and_output_layer"),
+    ("megatron.core.models.common.embeddings.rope_utils", "get_pos_emb_on_this_cp_rank"),
 )
 
 FACTORIES = ("empty", "zeros", "ones", "full", "tensor", "arange", "rand", "randn", "randint", "as_tensor")
@@ -81,6 +84,7 @@ def _cpu_factory(fn: Callable) -> Callable:
     def factory(*args: Any, **kwargs: Any) -> Any:
         if _is_cuda(kwargs.get("device")):
             kwargs["device"] = "cpu"
+        kwargs.pop("pin_memory", None)  # page-locked memory needs a CUDA allocator; it only speeds up copies
         return fn(*args, **kwargs)
 
     return factory

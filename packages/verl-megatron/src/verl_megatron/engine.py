@@ -1,4 +1,5 @@
-"""The megatron-core train engine: a Hugging Face Llama/Qwen model as megatron GPT chunks over TP x PP (x VPP) x DP.
+"""The megatron-core train engine: a Hugging Face Llama/Qwen model as megatron GPT chunks over TP x PP (x VPP) x CP x DP,
+with sequence parallelism inside TP (on by default when tp > 1).
 
 One instance per worker process, with torch.distributed initialised over the role's ranks. Forward and backward
 run through megatron's pipeline schedules (`get_forward_backward_func`) in micro-batches; gradients go through
@@ -22,24 +23,13 @@ from verl.protocol import DataProto
 from verl.utils.lr_schedule import lr_multiplier
 from verl.utils.rng import get_rng_state, set_rng_state
 from verl_megatron import cpu_compat, torch_adam_fix
+from verl_megatron.context_parallel import chunk_positions, local_index, sum_over_group
 from verl_megatron.convert import PipelineSplit, SafetensorsFolder, dims_of, plan
-from verl_megatron.hf_config import DTYPES
-from verl_megatron.parallel import init_model_parallel
+from verl_megatron.parallel import init_model_parallel, sequence_parallel
 from verl_megatron.sequences import pack, take
 from verl_megatron.weights import SyncStats, generation_groups, hf_shapes, load_hf, stream_hf, unwrap
 
 CHECKPOINT_META = "verl_megatron.json"
-
-
-def load_hf_config(model_path: str, override: Dict[str, Any]) -> Any:
-    from transformers import AutoConfig
-
-    hf_config = AutoConfig.from_pretrained(model_path)
-    for key, value in override.items():
-        if not hasattr(hf_config, key):
-            raise ValueError(f"model.override_config.{key}: {type(hf_config).__name__} has no attribute '{key}'")
-        setattr(hf_config, key, value)
-    return hf_config
 
 
 class MegatronEngine:
@@ -50,8 +40,6 @@ class MegatronEngine:
         load_checkpoint (cfg.model_path then only needs config.json)."""
         if not dist.is_initialized():
             raise RuntimeError("MegatronEngine needs torch.distributed initialised (the worker's init_distributed)")
-        if cfg.dtype not in DTYPES:
-            raise ValueError(f"model.dtype '{cfg.dtype}' is not one of {', '.join(DTYPES)}")
         if weights_from not in ("hf", "checkpoint"):
             raise ValueError(f"weights_from must be 'hf' or 'checkpoint', got {weights_from!r}")
         if cfg.device == "cpu":
@@ -60,21 +48,19 @@ class MegatronEngine:
 
         self.cfg = cfg
         self.device = torch.device("cpu") if cfg.device == "cpu" else torch.device("cuda", torch.cuda.current_device())
-        # CPU runs compute in float32 (as the FSDP engine does): bf16 matmuls on CPU are slow and blur parity.
-        self.dtype = torch.float32 if cfg.device == "cpu" else DTYPES[cfg.dtype]
-        self.hf_config = load_hf_config(cfg.model_path, dict(cfg.override_config))
+        self.dtype = cfg.compute_dtype()
+        self.hf_config = cfg.hf_config()
         self.layout = layout = init_model_parallel(cfg.parallel, cfg.seed)
-        if layout.cp > 1:
-            raise ValueError(
-                f"parallel.cp={layout.cp}: this engine version does not split sequences over context-parallel "
-                "ranks yet; set parallel.cp=1"
-            )
+        self.sequence_parallel = sequence_parallel(cfg.parallel, layout.tp)
+        # Sequence parallelism splits a sequence over tp ranks, context parallelism into 2*cp chunks.
+        self.seq_multiple = (layout.tp if self.sequence_parallel else 1) * (2 * layout.cp if layout.cp > 1 else 1)
         self.te = transformer_engine_available(cfg.device)
         self.config = transformer_config(
             self.hf_config,
             layout,
             dtype=self.dtype,
             device=cfg.device,
+            sequence_parallel=self.sequence_parallel,
             gradient_checkpointing=cfg.gradient_checkpointing,
             # Kept for training even though every weight is then loaded: megatron marks tensor-parallel parameters
             # while initialising them, and without the marks the gradient norm counts TP shards as duplicates.
@@ -173,14 +159,44 @@ class MegatronEngine:
         entropy_grad: bool,
     ) -> Dict[str, torch.Tensor]:
         """Per-token outputs aligned with `responses` from the last stage's hidden states [b, s, h]."""
+        if self.layout.cp == 1:
+            return self._head(
+                model, take(hidden, mb["predict_index"]), mb["labels"], temperature, entropy, entropy_grad
+            )
+        from megatron.core import parallel_state as mpu
+
+        # This rank predicts the response tokens whose predicting position it holds; the group sums the pieces.
+        where = mb["local_index"]
+        rows, cols = (where >= 0).nonzero(as_tuple=True)
+        h = hidden[rows, where[rows, cols]][None]
+        local = self._head(model, h, mb["labels"][rows, cols][None], temperature, entropy, entropy_grad)
+        group = mpu.get_context_parallel_group()
+        full = {}
+        for key, value in local.items():
+            placed = value.new_zeros(where.shape).index_put((rows, cols), value[0])
+            full[key] = sum_over_group(placed, group)
+        return full
+
+    def _head(
+        self,
+        model: torch.nn.Module,
+        h: torch.Tensor,
+        labels: torch.Tensor,
+        temperature: float,
+        entropy: bool,
+        entropy_grad: bool,
+    ) -> Dict[str, torch.Tensor]:
+        """Values, or log-probs (and entropy) of `labels`, from hidden states h [b, r, h]."""
         from megatron.core import parallel_state as mpu
 
         from verl_kernels import vocab_parallel_linear_logprob_entropy
 
-        h = take(hidden, mb["predict_index"])
         gpt = unwrap(model)
         if gpt.value_head is not None:
             return {"values": gpt.value_head(h).squeeze(-1).float()}
+        if h.shape[1] == 0:  # (a context-parallel rank holding none of the predicting positions)
+            empty = h.sum(-1)  # still part of the graph: backward must reach this rank's collectives
+            return {"log_probs": empty, **({"entropy": empty} if entropy else {})}
         weight = gpt.output_weight()
         rows = weight.shape[0]
         vocab_start = self.layout.tp_rank * rows
@@ -188,7 +204,7 @@ class MegatronEngine:
         log_probs, ent = vocab_parallel_linear_logprob_entropy(
             h,
             weight[:real],
-            mb["labels"],
+            labels,
             vocab_start=vocab_start,
             group=mpu.get_tensor_model_parallel_group(),
             temperature=temperature,
@@ -199,6 +215,19 @@ class MegatronEngine:
         if entropy:
             out["entropy"] = ent.float()
         return out
+
+    def _pack(self, mb: DataProto) -> Dict[str, torch.Tensor]:
+        """The model inputs of one micro-batch on this rank (its context-parallel part of each sequence)."""
+        b = mb.batch
+        p = pack(b["input_ids"], b["attention_mask"], b["responses"], multiple=self.seq_multiple)
+        out = {"input_ids": p.input_ids, "position_ids": p.position_ids, "predict_index": p.predict_index}
+        if self.layout.cp > 1:
+            seq, cp, rank = p.input_ids.shape[1], self.layout.cp, self.layout.cp_rank
+            mine = chunk_positions(seq, cp, rank)
+            out.update(input_ids=p.input_ids[:, mine], position_ids=p.position_ids[:, mine])
+            out["local_index"] = local_index(p.predict_index, seq, cp, rank)
+        out["labels"] = p.labels
+        return {k: v.to(self.device) for k, v in out.items()}
 
     def _run(
         self,
@@ -214,18 +243,7 @@ class MegatronEngine:
         whose returned loss (None: no backward) is what the schedule differentiates."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        packed = []
-        for mb in micro:
-            b = mb.batch
-            p = pack(b["input_ids"], b["attention_mask"], b["responses"])
-            packed.append(
-                {
-                    "input_ids": p.input_ids.to(self.device),
-                    "position_ids": p.position_ids.to(self.device),
-                    "predict_index": p.predict_index.to(self.device),
-                    "labels": p.labels.to(self.device),
-                }
-            )
+        packed = [self._pack(mb) for mb in micro]
         n = len(micro)
 
         def forward_step(data_iterator, model):
@@ -244,7 +262,7 @@ class MegatronEngine:
             return out, loss_func
 
         iterators = [iter(list(enumerate(packed))) for _ in self.chunks]
-        seq = packed[0]["input_ids"].shape[1]
+        seq = packed[0]["input_ids"].shape[1] * self.layout.cp  # the schedule divides by cp (and by tp under SP)
         get_forward_backward_func()(
             forward_step_func=forward_step,
             data_iterator=iterators if len(iterators) > 1 else iterators[0],

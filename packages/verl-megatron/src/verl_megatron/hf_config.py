@@ -10,7 +10,6 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict
 
-import torch
 import torch.nn.functional as F
 
 
@@ -116,16 +115,13 @@ def transformer_config_kwargs(hf_config: Any) -> Dict[str, Any]:
     )
 
 
-def gpt_model_kwargs(hf_config: Any, tp: int, vocab_divisible_by: int = 1) -> Dict[str, Any]:
+def gpt_model_kwargs(hf_config: Any, tp: int) -> Dict[str, Any]:
     """GPTModel's constructor arguments besides config, layer spec and the pipeline-stage flags."""
     return dict(
-        vocab_size=padded_vocab_size(hf_config.vocab_size, tp, vocab_divisible_by),
+        vocab_size=padded_vocab_size(hf_config.vocab_size, tp),
         max_sequence_length=hf_config.max_position_embeddings,
         position_embedding_type="rope",
         share_embeddings_and_output_weights=bool(getattr(hf_config, "tie_word_embeddings", False)),
         parallel_output=True,
         **rope(hf_config),
     )
-
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

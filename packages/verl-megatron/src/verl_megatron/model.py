@@ -7,6 +7,7 @@ instead of logits. The engine turns hidden states into log-probs with the vocab-
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 from typing import Any, Dict, List, Optional
 
@@ -38,25 +39,80 @@ def layer_spec(hf_config: Any, te: bool):
     return get_gpt_layer_local_spec(qk_layernorm=qk_norm, normalization="RMSNorm")
 
 
+class TorchNorm:
+    """torch's RMSNorm/LayerNorm as megatron's WrappedTorchNorm builds it, usable with sequence parallelism.
+
+    Under sequence parallelism each tensor-parallel rank normalises a different part of the sequence, so the
+    norm weights' gradients differ between the ranks; marking them `sequence_parallel` makes megatron sum them
+    over the TP group (what apex's and TransformerEngine's norms do; WrappedTorchNorm refuses the setting)."""
+
+    def __new__(cls, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_: Any) -> torch.nn.Module:
+        kinds = {"RMSNorm": torch.nn.RMSNorm, "LayerNorm": torch.nn.LayerNorm}
+        if config.normalization not in kinds:
+            raise ValueError(f"normalization '{config.normalization}' is not one of {', '.join(kinds)}")
+        norm = kinds[config.normalization](hidden_size, eps=eps)
+        for p in norm.parameters():
+            p.sequence_parallel = config.sequence_parallel
+        return norm
+
+
+def block_spec(hf_config: Any, config: TransformerConfig, te: bool, vp_stage: Optional[int]):
+    """The layer specs of one model chunk, with the CPU-capable pieces where the local spec lacks them:
+    sequence-parallel norms, and all-gather attention for context parallelism without TransformerEngine."""
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from megatron.core.transformer.transformer_block import (
+        LayerNormImpl,
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
+    )
+
+    from verl_megatron.context_parallel import AllGatherContextAttention
+
+    spec = copy.deepcopy(layer_spec(hf_config, te))
+    final_norm = LayerNormImpl
+    if not te:
+        layer, attention = spec.submodules, spec.submodules.self_attention.submodules
+        for owner, name in (
+            (layer, "input_layernorm"),
+            (layer, "pre_mlp_layernorm"),
+            (attention, "q_layernorm"),
+            (attention, "k_layernorm"),
+        ):
+            if getattr(owner, name) is WrappedTorchNorm:
+                setattr(owner, name, TorchNorm)
+        if final_norm is WrappedTorchNorm:
+            final_norm = TorchNorm
+        if config.context_parallel_size > 1:
+            attention.core_attention = AllGatherContextAttention
+    layers = get_num_layers_to_build(config, vp_stage=vp_stage)
+    return TransformerBlockSubmodules(layer_specs=[spec] * layers, layer_norm=final_norm)
+
+
 def transformer_config(
     hf_config: Any,
     layout: Layout,
     *,
     dtype: torch.dtype,
     device: str,
+    sequence_parallel: bool = False,
     gradient_checkpointing: bool = False,
     overrides: Optional[Dict[str, Any]] = None,
 ) -> TransformerConfig:
     """Model shape from the HF config; parallel sizes from the layout; fusions only where their kernels exist."""
     on_gpu = device != "cpu"
-    kwargs = transformer_config_kwargs(hf_config)
+    kwargs = transformer_config_kwargs(hf_config)  # refuses mixture-of-experts models
+    if layout.ep > 1:
+        raise ValueError(
+            f"parallel.ep={layout.ep}: expert parallelism splits mixture-of-experts layers, and this "
+            f"{hf_config.model_type} model has none; set parallel.ep=1"
+        )
     kwargs.update(
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
         virtual_pipeline_model_parallel_size=layout.vpp,
         context_parallel_size=layout.cp,
         expert_model_parallel_size=layout.ep,
-        sequence_parallel=False,
+        sequence_parallel=sequence_parallel,
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16,
@@ -90,6 +146,12 @@ class GPTHidden(GPTModel):
     def _postprocess(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if not self.post_process:
             return hidden_states  # [s, b, h], sent to the next pipeline stage
+        if self.config.sequence_parallel:
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            # The output heads need whole sequences. Their hidden-state gradient is already complete on every TP
+            # rank (the vocab-parallel log-prob sums it over the group), so backward keeps this rank's slice.
+            hidden_states = gather_from_sequence_parallel_region(hidden_states, tensor_parallel_output_grad=False)
         return hidden_states.transpose(0, 1)
 
     def output_weight(self) -> torch.Tensor:
@@ -116,7 +178,6 @@ def build_chunks(
     *,
     kind: str = "causal_lm",
     te: bool = False,
-    vocab_divisible_by: int = 1,
     seed: int = 1,
 ) -> List[GPTHidden]:
     """This rank's model chunks (one per virtual pipeline stage), weights initialised but not loaded."""
@@ -124,8 +185,7 @@ def build_chunks(
 
     if kind not in KINDS:
         raise ValueError(f"model kind '{kind}' is not one of {', '.join(KINDS)}")
-    spec = layer_spec(hf_config, te)
-    model_kwargs = gpt_model_kwargs(hf_config, layout.tp, vocab_divisible_by)
+    model_kwargs = gpt_model_kwargs(hf_config, layout.tp)
     if kind == "value":  # no output layer to tie to the embedding
         model_kwargs["share_embeddings_and_output_weights"] = False
     chunks = []
@@ -135,7 +195,7 @@ def build_chunks(
         post = mpu.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp)
         model = GPTHidden(
             config,
-            spec,
+            block_spec(hf_config, config, te, vp),
             pre_process=pre,
             post_process=post,
             vp_stage=vp,

@@ -27,10 +27,6 @@ class Layout:
         return self.vpp or 1
 
     @property
-    def first_stage(self) -> bool:
-        return self.pp_rank == 0
-
-    @property
     def last_stage(self) -> bool:
         return self.pp_rank == self.pp - 1
 
@@ -64,6 +60,19 @@ def _sizes(parallel: Any, world_size: int) -> dict:
     if vpp == 1:
         vpp = None
     return dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, dp=dp)
+
+
+def sequence_parallel(parallel: Any, tp: int) -> bool:
+    """parallel.sequence_parallel, where None (the default) means on whenever tp > 1.
+
+    Megatron's advice: sequence parallelism computes the same function and keeps 1/tp of the activations outside
+    the tensor-parallel regions (norms, dropout, residuals) on each rank."""
+    value = getattr(parallel, "sequence_parallel", None) if parallel is not None else None
+    if value is None:
+        return tp > 1
+    if value and tp == 1:
+        raise ValueError("parallel.sequence_parallel=true splits sequences over tensor-parallel ranks; it needs tp > 1")
+    return bool(value)
 
 
 def init_model_parallel(parallel: Any, seed: int) -> Layout:

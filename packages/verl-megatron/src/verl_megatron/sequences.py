@@ -22,8 +22,11 @@ class Packed:
     labels: torch.Tensor  # [B, R] the response tokens
 
 
-def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: torch.Tensor) -> Packed:
-    """Rotate rows so real tokens start at 0; where each response token is predicted from afterwards."""
+def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: torch.Tensor, multiple: int = 1) -> Packed:
+    """Rotate rows so real tokens start at 0; where each response token is predicted from afterwards.
+
+    multiple: pad the sequence length to a multiple of it (sequence and context parallelism split sequences
+    evenly); the padding goes after every real token, where causal attention never looks."""
     b, s = input_ids.shape
     r = responses.shape[1]
     mask = attention_mask.bool()
@@ -42,9 +45,13 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: torch
         raise ValueError("every row needs at least one real prompt token (attention_mask is all padding in a prompt)")
     # responses[:, t] sits at s - r + t; it is predicted by the state one position earlier, rotated by the shift.
     predict = (p - 1 + torch.arange(r, device=input_ids.device))[None, :] - shift[:, None]
+    rotated = torch.gather(input_ids, 1, idx)
+    padded = -(-s // multiple) * multiple
+    if padded > s:
+        rotated = torch.nn.functional.pad(rotated, (0, padded - s))
     return Packed(
-        input_ids=torch.gather(input_ids, 1, idx),
-        position_ids=torch.arange(s, device=input_ids.device).expand(b, s),
+        input_ids=rotated,
+        position_ids=torch.arange(padded, device=input_ids.device).expand(b, padded),
         predict_index=predict,
         labels=responses,
     )

@@ -25,6 +25,8 @@ class ParallelConfig:
     cp: int = 1
     ep: int = 1
     dp: Optional[int] = None  # None: derived from the devices of the role's pool
+    # megatron: split activations along the sequence outside tensor-parallel regions; None: on when tp > 1
+    sequence_parallel: Optional[bool] = None
 
 
 @dataclass

@@ -251,6 +251,30 @@ def check_virtual_pipeline(ctx: Context) -> List[ConfigProblem]:
     return problems
 
 
+def check_sequence_parallel(ctx: Context) -> List[ConfigProblem]:
+    """Sequence parallelism is megatron's, and splits sequences over tensor-parallel ranks."""
+    problems = []
+    for role in [*_train_roles(ctx), "rollout"]:
+        parallel = role_parallel(ctx.cfg, role)
+        if not parallel.get("sequence_parallel"):
+            continue
+        key = f"{role}.parallel.sequence_parallel"
+        if role == "rollout" or role_backend(ctx.cfg, role) != "megatron":
+            backend = role_backend(ctx.cfg, role)
+            problems.append(
+                _error(key, f"sequence parallelism is a megatron setting; {role} uses {backend}", f"remove {key}")
+            )
+        elif (parallel.get("tp") or 1) == 1:
+            problems.append(
+                _error(
+                    key,
+                    "sequence parallelism splits sequences over tensor-parallel ranks, but tp=1",
+                    f"set {role}.parallel.tp to 2 or more, or {key}=null",
+                )
+            )
+    return problems
+
+
 def check_expert_parallel(ctx: Context) -> List[ConfigProblem]:
     """Experts are split across ep ranks carved out of the dp*cp ranks."""
     problems = []
@@ -683,6 +707,7 @@ CHECKS: Sequence[Check] = (
     check_megatron_offload,
     check_rollout_layout,
     check_virtual_pipeline,
+    check_sequence_parallel,
     check_expert_parallel,
     check_positive_sizes,
     check_rollout_batch,
