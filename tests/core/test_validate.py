@@ -208,11 +208,10 @@ def test_sequence_parallel_is_megatrons_and_needs_tensor_parallelism():
     assert p.key == "rollout.parallel.sequence_parallel"
 
 
-def test_expert_parallel_must_divide_dp_times_cp():
-    p = only(check(MEGATRON8, {"actor": {"parallel": {"tp": 2, "ep": 3}}}))
-    assert p.key == "actor.parallel.ep"
-    assert "ep=3 does not divide dp*cp = 4*1 = 4" in p.message and "1, 2, 4" in p.fix
-    assert check(MEGATRON8, {"actor": {"parallel": {"tp": 2, "ep": 2}}}) == []
+@pytest.mark.parametrize("base", [MEGATRON8, {"placement": {"devices_per_node": 8}}], ids=["megatron", "fsdp"])
+def test_expert_parallel_is_refused_without_moe_models(base):
+    p = only(check(base, {"actor": {"parallel": {"ep": 2}}}))
+    assert p.key == "actor.parallel.ep" and "dense models" in p.message and p.fix == "set actor.parallel.ep=1"
 
 
 @pytest.mark.parametrize("axis", ["tp", "pp", "cp"])

@@ -1,7 +1,7 @@
 """Megatron engines in Ray worker processes (gloo): HF -> mcore -> HF is exact, and log-probs match HF's.
 
-Layouts: TP=2 with and without sequence parallelism, PP=2, CP=2, TP=2 x CP=2 (4 workers, half a CPU each), and
-TP=2 x PP=2 with 2 virtual stages each (4 workers). Models: the embedded tiny Llama (untied), a random Qwen2 (qkv bias, tied embeddings) and a random
+Layouts: TP=2 with and without sequence parallelism, PP=2, CP=2, TP=2 x CP=2 and PP=2 x CP=2 (4 workers, half a
+CPU each; the latter with a critic), and TP=2 x PP=2 with 2 virtual stages each (4 workers). Models: the embedded tiny Llama (untied), a random Qwen2 (qkv bias, tied embeddings) and a random
 Qwen3 (qk-norm, head_dim apart from hidden/heads). Log-probs are compared with the HF model's in float32 on
 rows with left-padded prompts and right-padded responses, on the response tokens.
 """
@@ -59,41 +59,69 @@ def _hf_state(path: str) -> dict:
 
 
 @pytest.mark.parametrize(
-    "parallel",
+    "name, parallel",
     [
-        {"tp": 2, "sequence_parallel": False},
-        {"tp": 2},
-        {"pp": 2},
-        {"cp": 2},
-        {"tp": 1, "cp": 2, "pp": 1},
-        {"tp": 2, "cp": 2},
+        ("llama", {"tp": 2, "sequence_parallel": False}),
+        ("llama", {"tp": 2}),  # sequence parallelism is on by default with tp > 1
+        ("qwen3", {"tp": 2}),  # qk-norm weights: their gradients are summed over TP
+        ("llama", {"pp": 2}),
+        ("llama", {"cp": 2}),
+        ("qwen3", {"cp": 2}),
+        ("llama", {"tp": 2, "cp": 2}),
     ],
-    ids=["tp2", "tp2-sp", "pp2", "cp2", "cp2-qwen3", "tp2-sp-cp2"],
+    ids=["tp2", "tp2-sp", "tp2-sp-qwen3", "pp2", "cp2", "cp2-qwen3", "tp2-sp-cp2"],
 )
-def test_log_probs_match_hf(ray_two_cpus, models, parallel):
-    name = "qwen3" if parallel.get("pp") == 1 else "llama"
-    parallel = {k: v for k, v in parallel.items() if v != 1}
+def test_log_probs_and_gradient_match_hf(ray_two_cpus, models, name, parallel):
     world = parallel.get("tp", 1) * parallel.get("pp", 1) * parallel.get("cp", 1)
     pool, group = _group(world, parallel)
     try:
         infos = group.load(name, models[name])
-        # TP=2 and CP=2: one replica, collected on rank 0; PP=2: one replica, collected on the last stage.
+        # TP and CP: one replica, collected on rank 0; PP=2: one replica, collected on the last stage.
         assert infos == (
             [(0, 1, False), (0, 1, True)] if "pp" in parallel else [(0, 1, True)] + [(0, 1, False)] * (world - 1)
         )
         vocab = hf_model(models[name]).config.vocab_size
         batch = parity_batch(vocab=vocab)
         worst = check_log_probs(group.infer(name, batch), models[name], batch)
-        print(f"{parallel}: max |log-prob - HF| = {worst:.2e}")
-        if "cp" in parallel:
-            # 7 tokens pad to 8, in 4 chunks of 2: cp rank 0 holds positions 0, 1, 6, 7 and rank 1 holds 2-5, so
-            # every response token (predicted from positions 3-5) is rank 1's. Rank 0 still takes part in backward.
-            short = parity_batch(vocab=vocab, prompt=4, response=3, padded=False)
-            check_log_probs(group.infer(name, short), models[name], short)
-            group.load("trained", models[name], OptimConfig(lr=1e-3))
-            norms = [m["grad_norm"] for m in group.train("trained", short)]
-            want = _hf_grad_norm(models[name], short)
-            assert all(n == norms[0] for n in norms) and norms[0] == pytest.approx(want, rel=1e-5)
+        # The gradient of the mean response NLL, against HF's. Under CP=2 this batch's 7 tokens pad to 8, in 4
+        # chunks of 2: cp rank 0 holds positions 0, 1, 6, 7 and rank 1 holds 2-5, so every response token
+        # (predicted from positions 3-5) is rank 1's; rank 0 must still take part in backward.
+        short = parity_batch(vocab=vocab, prompt=4, response=3, padded=False)
+        check_log_probs(group.infer(name, short), models[name], short)
+        group.load("trained", models[name], OptimConfig(lr=1e-3))
+        norms = [m["grad_norm"] for m in group.train("trained", short)]
+        want = _hf_grad_norm(models[name], short)
+        assert all(n == norms[0] for n in norms) and norms[0] == pytest.approx(want, rel=1e-5)
+        print(f"{name} {parallel}: max |log-prob - HF| = {worst:.2e}, grad norm {norms[0]:.6f} vs HF {want:.6f}")
+    finally:
+        group.shutdown()
+        pool.remove()
+
+
+def test_pp2_cp2_log_probs_and_critic_values_match_hf(ray_two_cpus, models, tmp_path):
+    """Context parallelism across pipeline stages: the actor's log-probs and a critic's values (its fresh head
+    exported with the model) equal the HF model's."""
+    from transformers import AutoModelForTokenClassification
+
+    pool, group = _group(4, {"pp": 2, "cp": 2})
+    try:
+        # Megatron's rank order is tp, cp, dp, pp: ranks 2 and 3 are the last stage, rank 2 its cp rank 0.
+        assert group.load("llama", models["llama"]) == [(0, 1, False), (0, 1, False), (0, 1, True), (0, 1, False)]
+        batch = parity_batch(vocab=83)
+        worst = check_log_probs(group.infer("llama", batch), models["llama"], batch)
+        print(f"pp2 cp2: max |log-prob - HF| = {worst:.2e}")
+        group.load("critic", models["llama"], kind="value")
+        values = group.infer("critic", batch)
+        group.export("critic", str(tmp_path / "critic"))
+        hf = AutoModelForTokenClassification.from_pretrained(str(tmp_path / "critic"), dtype=torch.float32).eval()
+        b = batch.batch
+        with torch.no_grad():
+            out = hf(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"])
+        r = b["responses"].shape[1]
+        want = out.logits.squeeze(-1)[:, -r - 1 : -1]  # the state before each response token
+        valid = b["response_mask"].bool()
+        for v in values:
+            torch.testing.assert_close(v["values"][valid], want[valid], rtol=0, atol=1e-5)
     finally:
         group.shutdown()
         pool.remove()

@@ -195,7 +195,7 @@ class MegatronEngine:
         if gpt.value_head is not None:
             return {"values": gpt.value_head(h).squeeze(-1).float()}
         if h.shape[1] == 0:  # (a context-parallel rank holding none of the predicting positions)
-            empty = h.sum(-1)  # still part of the graph: backward must reach this rank's collectives
+            empty = h.sum(-1).float()  # still part of the graph: backward must reach this rank's collectives
             return {"log_probs": empty, **({"entropy": empty} if entropy else {})}
         weight = gpt.output_weight()
         rows = weight.shape[0]

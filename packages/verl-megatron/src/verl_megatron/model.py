@@ -40,26 +40,31 @@ def layer_spec(hf_config: Any, te: bool):
 
 
 class TorchNorm:
-    """torch's RMSNorm/LayerNorm as megatron's WrappedTorchNorm builds it, usable with sequence parallelism.
+    """torch's RMSNorm/LayerNorm for megatron's local layer spec, usable with sequence parallelism.
 
     Under sequence parallelism each tensor-parallel rank normalises a different part of the sequence, so the
     norm weights' gradients differ between the ranks; marking them `sequence_parallel` makes megatron sum them
-    over the TP group (what apex's and TransformerEngine's norms do; WrappedTorchNorm refuses the setting)."""
+    over the TP group (what apex's and TransformerEngine's norms do; megatron's WrappedTorchNorm refuses the
+    setting). Built where and in the dtype megatron builds the layer's other weights."""
 
     def __new__(cls, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_: Any) -> torch.nn.Module:
         kinds = {"RMSNorm": torch.nn.RMSNorm, "LayerNorm": torch.nn.LayerNorm}
         if config.normalization not in kinds:
             raise ValueError(f"normalization '{config.normalization}' is not one of {', '.join(kinds)}")
-        norm = kinds[config.normalization](hidden_size, eps=eps)
+        for flag in ("layernorm_zero_centered_gamma", "persist_layer_norm", "memory_efficient_layer_norm"):
+            if getattr(config, flag):
+                raise ValueError(f"megatron's {flag}=True needs TransformerEngine or apex norms")
+        device = "cpu" if config.use_cpu_initialization else torch.cuda.current_device()
+        norm = kinds[config.normalization](hidden_size, eps=eps, device=device, dtype=config.params_dtype)
         for p in norm.parameters():
             p.sequence_parallel = config.sequence_parallel
         return norm
 
 
 def block_spec(hf_config: Any, config: TransformerConfig, te: bool, vp_stage: Optional[int]):
-    """The layer specs of one model chunk, with the CPU-capable pieces where the local spec lacks them:
-    sequence-parallel norms, and all-gather attention for context parallelism without TransformerEngine."""
-    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    """The layer specs of one model chunk. Without TransformerEngine every norm is a TorchNorm (sequence
+    parallel capable; apex's fused norm has no RMSNorm), and context parallelism gets all-gather attention."""
+    from megatron.core.transformer.identity_op import IdentityOp
     from megatron.core.transformer.transformer_block import (
         LayerNormImpl,
         TransformerBlockSubmodules,
@@ -78,10 +83,9 @@ def block_spec(hf_config: Any, config: TransformerConfig, te: bool, vp_stage: Op
             (attention, "q_layernorm"),
             (attention, "k_layernorm"),
         ):
-            if getattr(owner, name) is WrappedTorchNorm:
+            if getattr(owner, name) not in (None, IdentityOp):
                 setattr(owner, name, TorchNorm)
-        if final_norm is WrappedTorchNorm:
-            final_norm = TorchNorm
+        final_norm = TorchNorm
         if config.context_parallel_size > 1:
             attention.core_attention = AllGatherContextAttention
     layers = get_num_layers_to_build(config, vp_stage=vp_stage)

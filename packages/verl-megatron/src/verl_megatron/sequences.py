@@ -16,8 +16,8 @@ import torch
 
 @dataclass(frozen=True)
 class Packed:
-    input_ids: torch.Tensor  # [B, S] rows rotated left by their padding
-    position_ids: torch.Tensor  # [B, S] 0..S-1
+    input_ids: torch.Tensor  # [B, S'] rows rotated left by their padding (then zero-padded to S')
+    position_ids: torch.Tensor  # [B, S'] 0..S'-1, S' the length padded to the multiple asked for
     predict_index: torch.Tensor  # [B, R] position whose hidden state predicts responses[:, t]
     labels: torch.Tensor  # [B, R] the response tokens
 

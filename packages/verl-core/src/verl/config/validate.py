@@ -173,7 +173,7 @@ def check_fsdp_layout(ctx: Context) -> List[ConfigProblem]:
         if role_backend(ctx.cfg, role) != "fsdp":
             continue
         parallel = role_parallel(ctx.cfg, role)
-        for axis in _axes_not_one(ctx.cfg, role, ("tp", "pp", "cp", "ep")):
+        for axis in _axes_not_one(ctx.cfg, role, ("tp", "pp", "cp")):  # ep: check_expert_parallel
             problems.append(
                 _error(
                     f"{role}.parallel.{axis}",
@@ -276,25 +276,20 @@ def check_sequence_parallel(ctx: Context) -> List[ConfigProblem]:
 
 
 def check_expert_parallel(ctx: Context) -> List[ConfigProblem]:
-    """Experts are split across ep ranks carved out of the dp*cp ranks."""
+    """Expert parallelism splits mixture-of-experts layers; the megatron backend converts dense models only."""
     problems = []
-    for layout in ctx.draft.layouts:
-        if layout.role == "rollout" or (layout.dp * layout.cp) % layout.ep == 0:
-            continue
-        if layout.role == "ref" and ref_inherits_parallel(ctx.cfg) and ctx.draft.layout("actor") == layout:
-            continue
-        problems.append(
-            _error(
-                f"{layout.role}.parallel.ep",
-                f"ep={layout.ep} does not divide dp*cp = {layout.dp}*{layout.cp} = {layout.dp * layout.cp}",
-                f"ep values that fit: {_divisors_text(layout.dp * layout.cp)}",
+    for role in _train_roles(ctx):
+        ep = role_parallel(ctx.cfg, role).get("ep") or 1
+        if ep > 1:
+            problems.append(
+                _error(
+                    f"{role}.parallel.ep",
+                    f"ep={ep}: expert parallelism splits mixture-of-experts layers, and the megatron backend "
+                    "converts dense models (Llama, Qwen2, Qwen3) only, which have none",
+                    f"set {role}.parallel.ep=1",
+                )
             )
-        )
     return problems
-
-
-def _divisors_text(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
 # ---------------------------------------------------------------------------------------------
