@@ -2,14 +2,16 @@
 
 Skipped without CUDA. On one GPU: log-probs (TP=1) against the HF model, HF -> mcore -> HF exactness, one
 training step; then `recipes:grpo_tiny_megatron` at TP=1 on that GPU for a few steps, its step time printed
-and written to $VERL_GPU_RESULTS (a JSON file) when set. With two or more GPUs the TP=2 and PP=2 parity checks
-run too. TransformerEngine's layers are used when the package is installed (the engine picks them itself).
+and written to $VERL_GPU_RESULTS (a JSON file) when set; a few bf16 steps (the dtype GPU runs train in). With two
+or more GPUs the TP=2 (with and without sequence parallelism), PP=2 and CP=2 parity checks run too.
+TransformerEngine's layers are used when the package is installed (the engine picks them itself).
 """
 
 from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 import subprocess
 import sys
@@ -106,6 +108,37 @@ def test_tp1_log_probs_round_trip_and_a_step_on_one_gpu(model_dir):
     assert second["nll"] < first["nll"]
 
 
+def test_bf16_steps_on_one_gpu(model_dir):
+    """The dtype GPU runs train in: bfloat16 parameters and compute, float32 log-probs out."""
+    from verl.config.schema import OptimConfig
+    from verl.engine import EngineConfig
+    from verl_megatron.engine import MegatronEngine
+
+    _single_gpu_world()
+    parallel = types.SimpleNamespace(tp=1, pp=1, vpp=None, cp=1, ep=1, dp=None)
+    cfg = EngineConfig(
+        model_path=model_dir,
+        device="cuda",
+        dtype="bfloat16",
+        parallel=parallel,
+        optim=OptimConfig(lr=1e-3),
+        total_steps=3,
+    )
+    engine = MegatronEngine(cfg)
+    batch = _batch(vocab=64)
+    out = engine.infer(batch, micro_batch_size=2, entropy=True).batch
+    assert out["log_probs"].dtype == torch.float32 and bool(torch.isfinite(out["log_probs"]).all())
+    assert bool((out["entropy"] > 0).all())
+
+    def nll(out, mb):
+        loss = -out["log_probs"].mean()
+        return loss, {"nll": float(loss)}
+
+    metrics = [engine.train_step(batch, nll, micro_batch_size=2) for _ in range(3)]
+    print(f"GPU bf16: nll {[round(m['nll'], 4) for m in metrics]}")
+    assert metrics[-1]["nll"] < metrics[0]["nll"] and all(math.isfinite(m["grad_norm"]) for m in metrics)
+
+
 def test_grpo_tiny_megatron_steps_on_one_gpu(tmp_path):
     """A few GRPO steps of the tiny recipe at TP=1 on the GPU; step time recorded."""
     from tests.trainer.run_configs import RECIPES
@@ -147,8 +180,12 @@ def test_grpo_tiny_megatron_steps_on_one_gpu(tmp_path):
             json.dump(result, f, indent=2)
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="TP=2 / PP=2 parity needs two GPUs")
-@pytest.mark.parametrize("parallel", [{"tp": 2}, {"pp": 2}], ids=["tp2", "pp2"])
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="TP=2 / PP=2 / CP=2 parity needs two GPUs")
+@pytest.mark.parametrize(
+    "parallel",
+    [{"tp": 2, "sequence_parallel": False}, {"tp": 2}, {"pp": 2}, {"cp": 2}],
+    ids=["tp2", "tp2-sp", "pp2", "cp2"],
+)
 def test_two_gpu_log_probs_match_hf(model_dir, parallel):
     import ray
 
@@ -158,7 +195,7 @@ def test_two_gpu_log_probs_match_hf(model_dir, parallel):
     ray.cloudpickle.register_pickle_by_value(sys.modules["tests.megatron.workers"])
     init_ray(num_gpus=2)
     pool = ResourcePool("megatron", nnodes=1, devices_per_node=2, device="cuda")
-    group = make_worker_group("ray", pool, EngineWorker, parallel, "cuda", role="megatron")
+    group = make_worker_group("ray", pool, EngineWorker, parallel, role="megatron")
     try:
         group.load("m", model_dir)
         batch = parity_batch(vocab=64)

@@ -108,11 +108,18 @@ class EngineWorker(Worker):
     def load(self, name: str, model_path: str, optim: Optional[Any] = None, kind: str = "causal_lm") -> tuple:
         quiet_libraries()
         set_threads(None)
-        self.init_distributed("gloo")
+        device = self.device.type  # the pool's: cuda on a GPU pool
+        self.init_distributed("nccl" if device == "cuda" else "gloo")
         from verl.engine import load_engine
 
         cfg = EngineConfig(
-            model_path=model_path, kind=kind, optim=optim, total_steps=10, dtype="float32", parallel=self.parallel
+            model_path=model_path,
+            kind=kind,
+            optim=optim,
+            total_steps=10,
+            device=device,
+            dtype="float32",
+            parallel=self.parallel,
         )
         self.engines[name] = load_engine("megatron", "train")(cfg)
         return self.engines[name].data_parallel_info()
