@@ -14,7 +14,9 @@ from verl.protocol import DataProto
 from verl.workers.setup import quiet_libraries, set_threads
 
 
-def random_model_dir(path: str, model_type: str, *, tie: bool, layers: int = 4, vocab: int = 37, seed: int = 0) -> str:
+def random_model_dir(
+    path: str, model_type: str, *, tie: bool, layers: int = 4, vocab: int = 37, seed: int = 0, hidden: int = 16
+) -> str:
     """A random Llama / Qwen2 / Qwen3 saved as an HF folder (GQA: 4 heads over 2 kv groups)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -22,8 +24,8 @@ def random_model_dir(path: str, model_type: str, *, tie: bool, layers: int = 4, 
     cfg = AutoConfig.for_model(
         model_type,
         vocab_size=vocab,
-        hidden_size=16,
-        intermediate_size=24,
+        hidden_size=hidden,
+        intermediate_size=hidden * 3 // 2,
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -105,7 +107,9 @@ class EngineWorker(Worker):
         self.engines: Dict[str, Any] = {}
 
     @register(Dispatch.ONE_TO_ALL)
-    def load(self, name: str, model_path: str, optim: Optional[Any] = None, kind: str = "causal_lm") -> tuple:
+    def load(
+        self, name: str, model_path: str, optim: Optional[Any] = None, kind: str = "causal_lm", dtype: str = "float32"
+    ) -> tuple:
         quiet_libraries()
         set_threads(None)
         device = self.device.type  # the pool's: cuda on a GPU pool
@@ -118,7 +122,7 @@ class EngineWorker(Worker):
             optim=optim,
             total_steps=10,
             device=device,
-            dtype="float32",
+            dtype=dtype,
             parallel=self.parallel,
         )
         self.engines[name] = load_engine("megatron", "train")(cfg)
