@@ -189,9 +189,20 @@ def test_ref_with_its_own_layout():
 # --------------------------------------------------------------------------- printed plan
 
 
+def test_plan_shows_sequence_parallelism_as_resolved():
+    def actor_line(parallel: dict) -> str:
+        cfg = {"placement": {"devices_per_node": 4}, "actor": {"backend": "megatron", "parallel": parallel}}
+        return next(line for line in squash(format_plan(plan_of(cfg))).splitlines() if line.startswith("actor"))
+
+    assert "TP=2+SP PP=1" in actor_line({"tp": 2})
+    assert "TP=2 PP=1" in actor_line({"tp": 2, "sequence_parallel": False})
+    assert "TP=1 PP=1" in actor_line({"tp": 1})
+
+
 def test_format_plan_sixteen_gpus():
     text = squash(format_plan(plan_of(SIXTEEN)))
-    assert "actor megatron TP=4 PP=2 CP=1 DP=2 16 devices in pool 'hybrid' (nodes 0-1)" in text
+    # Sequence parallelism is on by default with tp > 1, and the plan says so.
+    assert "actor megatron TP=4+SP PP=2 CP=1 DP=2 16 devices in pool 'hybrid' (nodes 0-1)" in text
     assert "rollout vllm TP=2 DP=8 16 devices in pool 'hybrid' (nodes 0-1)" in text
     assert "holds 4 rollout replicas of TP=2" in text
     assert "256 prompts x 8 samples = 2048 samples/step" in text

@@ -158,6 +158,7 @@ class Layout:
     dp: int
     ep: int = 1
     vpp: Optional[int] = None
+    sequence_parallel: bool = False  # megatron: sequences split over tp outside tensor-parallel layers
 
     @property
     def world(self) -> int:
@@ -518,8 +519,19 @@ def derive_layout(
             f"(tp={tp} pp={pp} cp={cp} dp={dp}){note}"
         )
         return None, [ConfigProblem(f"{key}.dp", msg, f"set {key}.dp={devices // mp}, or null to derive it")]
-    layout = Layout(role, backend, name, first, tp, pp, cp, devices // mp, parallel.get("ep") or 1, parallel.get("vpp"))
+    sp = backend == "megatron" and resolve_sequence_parallel(parallel.get("sequence_parallel"), tp)
+    layout = Layout(
+        role, backend, name, first, tp, pp, cp, devices // mp, parallel.get("ep") or 1, parallel.get("vpp"), sp
+    )
     return layout, []
+
+
+def resolve_sequence_parallel(setting: Optional[bool], tp: int) -> bool:
+    """A megatron role's parallel.sequence_parallel: None (the default) means on whenever tp > 1.
+
+    Megatron's advice: sequence parallelism computes the same function and keeps 1/tp of the activations
+    outside the tensor-parallel layers (norms, residuals) on each rank."""
+    return tp > 1 if setting is None else bool(setting)
 
 
 def _layouts(
@@ -641,7 +653,7 @@ def _sizes(layout: Layout) -> str:
     if layout.role == "rollout":
         text = f"TP={layout.tp} DP={layout.dp}"
     else:
-        text = f"TP={layout.tp} PP={layout.pp} CP={layout.cp} DP={layout.dp}"
+        text = f"TP={layout.tp}{'+SP' if layout.sequence_parallel else ''} PP={layout.pp} CP={layout.cp} DP={layout.dp}"
     if layout.vpp is not None:
         text += f" VPP={layout.vpp}"
     if layout.ep > 1:

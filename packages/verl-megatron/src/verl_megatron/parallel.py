@@ -63,16 +63,13 @@ def _sizes(parallel: Any, world_size: int) -> dict:
 
 
 def sequence_parallel(parallel: Any, tp: int) -> bool:
-    """parallel.sequence_parallel, where None (the default) means on whenever tp > 1.
+    """parallel.sequence_parallel resolved as the placement plan does (None: on when tp > 1); true needs tp > 1."""
+    from verl.placement import resolve_sequence_parallel
 
-    Megatron's advice: sequence parallelism computes the same function and keeps 1/tp of the activations outside
-    the tensor-parallel regions (norms, dropout, residuals) on each rank."""
     value = getattr(parallel, "sequence_parallel", None) if parallel is not None else None
-    if value is None:
-        return tp > 1
     if value and tp == 1:
         raise ValueError("parallel.sequence_parallel=true splits sequences over tensor-parallel ranks; it needs tp > 1")
-    return bool(value)
+    return resolve_sequence_parallel(value, tp)
 
 
 def init_model_parallel(parallel: Any, seed: int) -> Layout:
