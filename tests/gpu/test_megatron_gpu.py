@@ -64,10 +64,8 @@ def _batch(vocab: int, rows: int = 4, prompt: int = 6, response: int = 5):
     )
 
 
-def test_tp1_log_probs_round_trip_and_a_step_on_one_gpu(model_dir):
-    from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
-
+def _one_gpu_engine(model_dir: str, dtype: str):
+    """A megatron actor (TP=1, AdamW) on this process's GPU."""
     from verl.config.schema import OptimConfig
     from verl.engine import EngineConfig
     from verl_megatron.engine import MegatronEngine
@@ -75,14 +73,16 @@ def test_tp1_log_probs_round_trip_and_a_step_on_one_gpu(model_dir):
     _single_gpu_world()
     parallel = types.SimpleNamespace(tp=1, pp=1, vpp=None, cp=1, ep=1, dp=None)
     cfg = EngineConfig(
-        model_path=model_dir,
-        device="cuda",
-        dtype="float32",
-        parallel=parallel,
-        optim=OptimConfig(lr=1e-3),
-        total_steps=2,
+        model_path=model_dir, device="cuda", dtype=dtype, parallel=parallel, optim=OptimConfig(lr=1e-3), total_steps=3
     )
-    engine = MegatronEngine(cfg)
+    return MegatronEngine(cfg)
+
+
+def test_tp1_log_probs_round_trip_and_a_step_on_one_gpu(model_dir):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    engine = _one_gpu_engine(model_dir, "float32")
     print(f"TransformerEngine layers: {engine.te}")
     original = load_file(f"{model_dir}/model.safetensors")
     weights = {k: v.cpu() for k, v in engine.weights()}
@@ -111,21 +111,7 @@ def test_tp1_log_probs_round_trip_and_a_step_on_one_gpu(model_dir):
 
 def test_bf16_steps_on_one_gpu(model_dir):
     """The dtype GPU runs train in: bfloat16 parameters and compute, float32 log-probs out."""
-    from verl.config.schema import OptimConfig
-    from verl.engine import EngineConfig
-    from verl_megatron.engine import MegatronEngine
-
-    _single_gpu_world()
-    parallel = types.SimpleNamespace(tp=1, pp=1, vpp=None, cp=1, ep=1, dp=None)
-    cfg = EngineConfig(
-        model_path=model_dir,
-        device="cuda",
-        dtype="bfloat16",
-        parallel=parallel,
-        optim=OptimConfig(lr=1e-3),
-        total_steps=3,
-    )
-    engine = MegatronEngine(cfg)
+    engine = _one_gpu_engine(model_dir, "bfloat16")
     batch = _batch(vocab=64)
     out = engine.infer(batch, micro_batch_size=2, entropy=True).batch
     assert out["log_probs"].dtype == torch.float32 and bool(torch.isfinite(out["log_probs"]).all())
