@@ -46,22 +46,10 @@ def model_dir(tmp_path_factory):
     return random_model_dir(str(tmp_path_factory.mktemp("qwen2")), "qwen2", tie=False, layers=4, vocab=64)
 
 
-def _batch(vocab: int, rows: int = 4, prompt: int = 6, response: int = 5):
-    from verl.protocol import DataProto
-
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, vocab, (rows, prompt + response), generator=g)
-    mask = torch.ones_like(ids)
-    mask[0, :2] = 0
-    return DataProto.from_dict(
-        {
-            "input_ids": ids,
-            "attention_mask": mask,
-            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-            "responses": ids[:, prompt:],
-            "response_mask": torch.ones(rows, response, dtype=torch.long),
-        }
-    )
+def _nll(out, mb):
+    mask = mb.batch["response_mask"]
+    loss = -(out["log_probs"] * mask).sum() / mask.sum()
+    return loss, {"nll": float(loss)}
 
 
 def _one_gpu_engine(model_dir: str, dtype: str):
@@ -80,7 +68,8 @@ def _one_gpu_engine(model_dir: str, dtype: str):
 
 def test_tp1_log_probs_round_trip_and_a_step_on_one_gpu(model_dir):
     from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
+
+    from tests.megatron.workers import check_log_probs, parity_batch
 
     engine = _one_gpu_engine(model_dir, "float32")
     print(f"TransformerEngine layers: {engine.te}")
@@ -89,39 +78,27 @@ def test_tp1_log_probs_round_trip_and_a_step_on_one_gpu(model_dir):
     assert weights.keys() == original.keys()
     assert all(torch.equal(weights[k], original[k]) for k in original)
 
-    batch = _batch(vocab=64)
+    batch = parity_batch(vocab=64)
     got = engine.infer(batch, micro_batch_size=2).batch["log_probs"]
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda().eval()
-    b = {k: v.cuda() for k, v in batch.batch.items()}
-    with torch.no_grad():
-        logits = hf(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
-    want = torch.log_softmax(logits[:, -6:-1].float(), -1).gather(-1, b["responses"][..., None]).squeeze(-1)
-    diff = (got - want.cpu()).abs().max().item()
+    diff = check_log_probs([{"log_probs": got}], model_dir, batch, atol=LOGPROB_ATOL)
     print(f"GPU TP=1: max |log-prob - HF| = {diff:.2e}")
-    assert diff <= LOGPROB_ATOL
 
-    def nll(out, mb):
-        loss = -out["log_probs"].mean()
-        return loss, {"nll": float(loss)}
-
-    first = engine.train_step(batch, nll, micro_batch_size=2)
-    second = engine.train_step(batch, nll, micro_batch_size=2)
+    first = engine.train_step(batch, _nll, micro_batch_size=2)
+    second = engine.train_step(batch, _nll, micro_batch_size=2)
     assert second["nll"] < first["nll"]
 
 
 def test_bf16_steps_on_one_gpu(model_dir):
     """The dtype GPU runs train in: bfloat16 parameters and compute, float32 log-probs out."""
+    from tests.megatron.workers import parity_batch
+
     engine = _one_gpu_engine(model_dir, "bfloat16")
-    batch = _batch(vocab=64)
+    batch = parity_batch(vocab=64)
     out = engine.infer(batch, micro_batch_size=2, entropy=True).batch
     assert out["log_probs"].dtype == torch.float32 and bool(torch.isfinite(out["log_probs"]).all())
     assert bool((out["entropy"] > 0).all())
 
-    def nll(out, mb):
-        loss = -out["log_probs"].mean()
-        return loss, {"nll": float(loss)}
-
-    metrics = [engine.train_step(batch, nll, micro_batch_size=2) for _ in range(3)]
+    metrics = [engine.train_step(batch, _nll, micro_batch_size=2) for _ in range(3)]
     print(f"GPU bf16: nll {[round(m['nll'], 4) for m in metrics]}")
     assert metrics[-1]["nll"] < metrics[0]["nll"] and all(math.isfinite(m["grad_norm"]) for m in metrics)
 

@@ -1,8 +1,9 @@
 """Megatron engines in Ray worker processes (gloo): HF -> mcore -> HF is exact, and log-probs match HF's.
 
 Layouts: TP=2 with and without sequence parallelism, PP=2, CP=2, TP=2 x CP=2 and PP=2 x CP=2 (4 workers, half a
-CPU each; the latter with a critic), and TP=2 x PP=2 with 2 virtual stages each (4 workers). Models: the embedded tiny Llama (untied), a random Qwen2 (qkv bias, tied embeddings) and a random
-Qwen3 (qk-norm, head_dim apart from hidden/heads). Log-probs are compared with the HF model's in float32 on
+CPU each; the latter with a critic), and TP=2 x PP=2 with 2 virtual stages each (4 workers). Models: the
+embedded tiny Llama (untied), a random Qwen2 (qkv bias, tied embeddings) and a random Qwen3 (qk-norm, head_dim
+apart from hidden/heads). Log-probs are compared with the HF model's in float32 on
 rows with left-padded prompts and right-padded responses, on the response tokens.
 """
 
@@ -14,7 +15,14 @@ import pytest
 import ray
 import torch
 
-from tests.megatron.workers import EngineWorker, check_log_probs, hf_model, parity_batch, random_model_dir
+from tests.megatron.workers import (
+    EngineWorker,
+    check_log_probs,
+    hf_model,
+    parity_batch,
+    random_model_dir,
+    response_log_probs,
+)
 from verl.config.schema import OptimConfig
 from verl.controller import ResourcePool, make_worker_group
 
@@ -43,12 +51,9 @@ def _group(world: int, parallel: dict):
 
 def _hf_grad_norm(path: str, batch) -> float:
     """Gradient norm of the mean response-token NLL (EngineWorker.train's loss) for the HF model."""
-    b = batch.batch
     model = hf_model(path)
-    r = b["responses"].shape[1]
-    logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, -r - 1 : -1]
-    logp = torch.log_softmax(logits.float(), -1).gather(-1, b["responses"][..., None]).squeeze(-1)
-    (-logp[b["response_mask"].bool()].mean()).backward()
+    logp = response_log_probs(model, batch)
+    (-logp[batch.batch["response_mask"].bool()].mean()).backward()
     return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()])).item()
 
 

@@ -75,15 +75,18 @@ def hf_model(path: str):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
 
 
-def hf_log_probs(path: str, batch: DataProto) -> torch.Tensor:
+def response_log_probs(model: Any, batch: DataProto) -> torch.Tensor:
+    """An HF causal LM's log-probs of the batch's response tokens [B, R] (differentiable)."""
     b = batch.batch
     r = b["responses"].shape[1]
-    with torch.no_grad():
-        logits = hf_model(path)(
-            input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]
-        ).logits
+    logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
     logp = torch.log_softmax(logits[:, -r - 1 : -1].float(), -1)
     return logp.gather(-1, b["responses"][..., None]).squeeze(-1)
+
+
+def hf_log_probs(path: str, batch: DataProto) -> torch.Tensor:
+    with torch.no_grad():
+        return response_log_probs(hf_model(path), batch)
 
 
 def check_log_probs(results: list, path: str, batch: DataProto, atol: float = LOGPROB_ATOL) -> float:

@@ -16,6 +16,7 @@ each rank's gradient is its own positions' share.
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any, Optional, Tuple
 
 import torch
@@ -39,6 +40,16 @@ def local_index(positions: torch.Tensor, seq_len: int, cp: int, cp_rank: int) ->
     where = torch.full((seq_len,), -1, dtype=torch.long, device=positions.device)
     where[mine] = torch.arange(mine.numel(), device=positions.device)
     return where[positions]
+
+
+@functools.lru_cache(maxsize=4)
+def causal_mask(seq_len: int, cp: int, cp_rank: int, device: torch.device) -> torch.Tensor:
+    """[1, 1, s/cp, s] True where this rank's query may not see a key of the gathered (rank-ordered) sequence.
+
+    Cached: every layer of a forward pass asks for the same one (callers must not modify it)."""
+    q_pos = chunk_positions(seq_len, cp, cp_rank, device)
+    k_pos = torch.cat([chunk_positions(seq_len, cp, r, device) for r in range(cp)])
+    return (k_pos[None, :] > q_pos[:, None])[None, None]
 
 
 class _SumOverGroup(torch.autograd.Function):
@@ -113,7 +124,5 @@ class AllGatherContextAttention(DotProductAttention):
         seq_len = local * self.cp
         # Backward sums each rank's key/value gradients back to the rank that owns the tokens.
         key, value = gather_sequence(key, self.cp_group), gather_sequence(value, self.cp_group)
-        q_pos = chunk_positions(seq_len, self.cp, self.cp_rank, query.device)
-        k_pos = torch.cat([chunk_positions(seq_len, self.cp, r, query.device) for r in range(self.cp)])
-        masked = (k_pos[None, :] > q_pos[:, None])[None, None]  # True: a later token, not attended
+        masked = causal_mask(seq_len, self.cp, self.cp_rank, query.device)
         return super().forward(query, key, value, masked, attn_mask_type, attention_bias, packed_seq_params)

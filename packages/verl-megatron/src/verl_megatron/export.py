@@ -131,15 +131,14 @@ def export_checkpoint(checkpoint: str, out: str, *, shard_bytes: int = SHARD_BYT
 
 
 def _init_world_of_one() -> bool:
-
     import torch.distributed as dist
+
+    from verl.controller.worker import free_port
 
     if dist.is_initialized():
         if dist.get_world_size() != 1:
             raise RuntimeError("export runs as a single process; call it outside a distributed job")
         return False
-    from verl.controller.worker import free_port
-
     port = free_port("127.0.0.1")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     return True
