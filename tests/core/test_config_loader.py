@@ -371,3 +371,29 @@ def test_interpolated_section_then_override(tmp_path):
     cfg = load_config(path, ["actor.parallel.pp=2", "ref.parallel.tp=4"])
     assert (cfg.ref.parallel.tp, cfg.ref.parallel.pp) == (4, 2)  # the actor's layout, with tp changed
     assert cfg.actor.parallel.tp == 1  # the actor's own section is untouched
+
+
+# --------------------------------------------------------------------------- removed keys, plain dicts
+
+
+@pytest.mark.parametrize(
+    "key, replacement",
+    [
+        ("actor.optimizer_offload", "actor.param_offload"),
+        ("rollout.log_prob_micro_batch_size_per_device", "actor.log_prob_micro_batch_size_per_device"),
+        ("model.trust_remote_code", "transformers' own classes"),
+    ],
+)
+def test_removed_keys_say_what_replaces_them(tmp_path, key, replacement):
+    p = by_key(problems_of(write(tmp_path, MINIMAL), [f"{key}=true"]))[key]
+    assert "was removed" in p.message and replacement in p.fix
+
+
+def test_a_plain_dict_is_checked_like_a_file():
+    data = {"model": {"path": "/tmp/m"}, "data": {"train_files": ["a.parquet"], "train_batch_size": 8}}
+    cfg = load_config({**data, "actor": {"ppo_mini_batch_size": 4}}, ["rollout.n=2"])
+    assert cfg.rollout.n == 2 and cfg.actor.ppo_mini_batch_size == 4
+    with pytest.raises(ConfigError) as info:
+        load_config({**data, "actor": {"ppo_mini_bach_size": 4}})
+    found = by_key(info.value.problems)
+    assert "did you mean 'ppo_mini_batch_size'?" in found["actor.ppo_mini_bach_size"].message

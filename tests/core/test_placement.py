@@ -8,7 +8,9 @@ import pytest
 
 from tests.fixtures import make_cfg
 from verl.config.schema import VerlConfig
-from verl.placement import Layout, enabled_roles, format_plan, make_plan
+from verl.cli.render import format_plan
+from verl.config.placement import Layout, enabled_roles
+from verl.config.plan import make_plan
 
 SIXTEEN = {
     "data": {"train_batch_size": 256},

@@ -126,7 +126,7 @@ def test_pools_take_more_devices_than_exist():
     pools = [{"name": "a", "roles": ["actor", "rollout"], "devices": 8}, {"name": "b", "roles": ["ref"], "devices": 12}]
     fits = {"data": {"train_batch_size": 48}}  # so the batch arithmetic adds no problem of its own
     problems = check(fits, {"ref": {"enable": True}, "placement": {"nnodes": 2, "devices_per_node": 8, "pools": pools}})
-    p = only(problems)
+    p = only(not_hybrid(problems))
     assert p.key == "placement.pools" and "take 20 devices" in p.message and "has 16" in p.message
 
 
@@ -138,8 +138,19 @@ def test_pool_with_zero_devices():
 
 def test_pool_left_without_devices_by_the_pools_before_it():
     pools = [{"name": "a", "roles": ["actor", "rollout"], "devices": 4}, {"name": "b", "roles": ["ref"]}]
-    p = only(check({"ref": {"enable": True}, "placement": {"devices_per_node": 4, "pools": pools}}))
+    p = only(not_hybrid(check({"ref": {"enable": True}, "placement": {"devices_per_node": 4, "pools": pools}})))
     assert p.key == "placement.pools.1.devices" and "gets 0 devices" in p.message
+
+
+def not_hybrid(problems):
+    """The problems besides the hybrid-engine one (these tests place the reference in a pool of its own)."""
+    return [p for p in problems if "hybrid engine" not in p.message]
+
+
+def test_actor_rollout_and_ref_share_one_pool():
+    pools = [{"name": "a", "roles": ["actor", "rollout"], "devices": 2}, {"name": "b", "roles": ["ref"]}]
+    p = only(check({"ref": {"enable": True}, "placement": {"devices_per_node": 4, "pools": pools}}))
+    assert p.key == "placement.pools" and "hybrid engine" in p.message and "ref in 'b'" in p.message
 
 
 def test_idle_devices_are_a_warning():
@@ -289,7 +300,7 @@ def test_micro_batch_must_divide_the_per_rank_samples():
 def test_log_prob_pass_must_split_over_ref_dp():
     pools = [{"name": "train", "roles": ["actor", "rollout"], "devices": 4}, {"name": "ref", "roles": ["ref"]}]
     cfg = {"placement": {"devices_per_node": 7, "pools": pools}, "ref": {"enable": True}, "rollout": {"n": 2}}
-    p = only(check(cfg))
+    p = only(not_hybrid(check(cfg)))
     assert p.key == "data.train_batch_size"
     assert "16 prompts x n=2 = 32 samples do not split over ref DP=3" in p.message
 
@@ -328,7 +339,12 @@ def test_batch_numbers_are_positive(key):
 def test_single_sample_groups_warn_for_group_estimators():
     p = only(check({"rollout": {"n": 1}}), "warning")
     assert p.key == "rollout.n" and "grpo" in p.message
-    assert check({"rollout": {"n": 1}, "algorithm": {"adv_estimator": "gae"}, "critic": {"enable": False}}) == []
+    assert check({"rollout": {"n": 1}, "algorithm": {"adv_estimator": "gae"}}) == []  # gae: no groups
+
+
+def test_an_estimator_that_needs_values_needs_the_critic():
+    p = only(check({"algorithm": {"adv_estimator": "gae"}, "critic": {"enable": False}}))
+    assert p.key == "critic.enable" and "needs values" in p.message
 
 
 # --------------------------------------------------------------------------- backends
@@ -403,7 +419,7 @@ def test_valid_enum_values_pass():
     assert check(update) == []
 
 
-@pytest.mark.parametrize("key", ["actor.param_offload", "actor.optimizer_offload", "ref.param_offload"])
+@pytest.mark.parametrize("key", ["actor.param_offload", "ref.param_offload"])
 def test_megatron_refuses_offload_switches_it_would_ignore(key):
     section, name = key.split(".")
     cfg = make_cfg({"actor": {"backend": "megatron"}, "ref": {"enable": True}}, {section: {name: True}})

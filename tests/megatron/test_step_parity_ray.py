@@ -20,7 +20,7 @@ from tests.engine_fixtures import policy_batch
 from tests.trainer.run_configs import tiny_config
 from verl.controller import make_worker_group, pools_from_plan
 from verl.embedded.models import materialize_embedded_model
-from verl.placement import make_plan
+from verl.config.plan import build_plan
 from verl.protocol import DataProto
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
@@ -53,9 +53,9 @@ def _step(model_path: str, tmp, name: str, devices: int, *overrides: str):
         f"placement.devices_per_node={devices}",
         *overrides,
     )
-    plan, _ = make_plan(cfg)
+    plan = build_plan(cfg, total_steps=10)
     pool = pools_from_plan(plan, cpus_per_device=2 / devices)["hybrid"]
-    group = make_worker_group("ray", pool, ActorRolloutRefWorker, cfg, ["actor"], model_path, 10, role="actor")
+    group = make_worker_group("ray", pool, ActorRolloutRefWorker, cfg, plan, model_path, roles=["actor"], role="actor")
     try:
         group.init_model()
         metrics = group.update_actor(_batch(vocab=83))
@@ -85,9 +85,9 @@ def test_split_step_equals_single_worker(reference, model_path, tmp_path, name, 
     (m1,), (w1,) = reference
     m2, states = _step(model_path, tmp_path, name, 2, *overrides)
     assert len(m2) == replicas  # one metrics dict per data-parallel replica
-    loss2 = sum(m["pg_loss"] for m in m2) / replicas
-    assert m1["pg_loss"] == pytest.approx(loss2, rel=1e-6, abs=1e-7)
-    assert m1["grad_norm"] == pytest.approx(m2[0]["grad_norm"], rel=1e-5)
+    loss2 = sum(m["actor/pg_loss"] for m in m2) / replicas
+    assert m1["actor/pg_loss"] == pytest.approx(loss2, rel=1e-6, abs=1e-7)
+    assert m1["actor/grad_norm"] == pytest.approx(m2[0]["actor/grad_norm"], rel=1e-5)
     before = _initial(model_path)
     worst = 0.0
     for w2 in states:  # every rank streams the full model
@@ -97,7 +97,7 @@ def test_split_step_equals_single_worker(reference, model_path, tmp_path, name, 
             worst = max(worst, (w2[key] - w1[key]).abs().max().item())
     moved = sum(not torch.equal(w1[k], before[k]) for k in w1)
     assert moved == len(w1)  # every parameter changed: the comparison is not of two untouched models
-    print(f"{name}: loss {loss2:.6f} vs {m1['pg_loss']:.6f}, max |w - w_tp1| = {worst:.1e}")
+    print(f"{name}: loss {loss2:.6f} vs {m1['actor/pg_loss']:.6f}, max |w - w_tp1| = {worst:.1e}")
 
 
 _INITIAL: dict = {}

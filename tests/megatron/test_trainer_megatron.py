@@ -84,7 +84,8 @@ def test_ppo_with_megatron_actor_and_critic(tmp_path):
         str(tmp_path),
         "actor.backend=megatron",
         "critic.backend=megatron",
-        "critic.ppo_micro_batch_size_per_device=4",
+        "actor.ppo_micro_batch_size_per_device=2",  # a mini-batch of 2 prompts x n=1 is 2 rows
+        "critic.ppo_micro_batch_size_per_device=2",
         "trainer.controller=ray",
     )
     _run(cfg)

@@ -12,7 +12,8 @@ from verl.backends import installed_backends
 from verl.config.errors import ConfigError
 from verl.config.loader import load_config
 from verl.config.validate import validate
-from verl.placement import enabled_roles, make_plan, role_backend
+from verl.config.placement import enabled_roles, role_backend
+from verl.config.plan import make_plan
 
 RECIPES = Path("recipes")
 NAMES = sorted(p.stem for p in RECIPES.glob("*.yaml"))

@@ -54,11 +54,11 @@ def check_layout(rollout) -> None:
 
 def check_eos_ends_the_mask(rollout) -> None:
     """With the first greedy token of each prompt declared eos, every response is [eos, PAD, ...], mask [1, 0, ...]."""
-    first = rollout.generate(prompts(), n=1, greedy=True).batch["responses"][:, 0]
+    first = rollout.generate(prompts(), n=1, temperature=0).batch["responses"][:, 0]
     saved = rollout.eos_ids
     rollout.eos_ids = [EOS] + sorted(set(first.tolist()) - {EOS})
     try:
-        b = rollout.generate(prompts(), n=1, greedy=True).batch
+        b = rollout.generate(prompts(), n=1, temperature=0).batch
     finally:
         rollout.eos_ids = saved
     assert torch.equal(b["responses"][:, 0], first)
@@ -67,8 +67,8 @@ def check_eos_ends_the_mask(rollout) -> None:
 
 
 def check_greedy_and_sampling(rollout) -> None:
-    g1 = rollout.generate(prompts(), n=1, greedy=True).batch["responses"]
-    g2 = rollout.generate(prompts(), n=1, greedy=True).batch["responses"]
+    g1 = rollout.generate(prompts(), n=1, temperature=0).batch["responses"]
+    g2 = rollout.generate(prompts(), n=1, temperature=0).batch["responses"]
     assert torch.equal(g1, g2)
     # The n samples of one prompt differ from each other (not only from other prompts' samples).
     s = rollout.generate(prompts(), n=4).batch["responses"].view(3, 4, R)
@@ -105,7 +105,7 @@ def check_weight_sync_follows_the_actor(
 ) -> None:
     """After an actor update and an in-place sync, vLLM's log-probs are the new weights' (not the old ones')."""
     actor = make_actor(model_path, device)
-    batch = rollout.generate(prompts(), n=2, greedy=True)
+    batch = rollout.generate(prompts(), n=2, temperature=0)
 
     def nll(out, mb):
         loss = -(out["log_probs"] * mb.batch["response_mask"]).sum() / mb.batch["response_mask"].sum()
@@ -116,7 +116,7 @@ def check_weight_sync_follows_the_actor(
     moved = rollout.update_weights(actor.weights())
     expected = sum(p.numel() * p.element_size() for _, p in actor.weights())
     assert moved == expected > 0
-    after = rollout.generate(prompts(), n=2, greedy=True)
+    after = rollout.generate(prompts(), n=2, temperature=0)
     mask, reported = after.batch["response_mask"], after.batch["rollout_log_probs"]
     new_lp = actor.infer(after, micro_batch_size=6).batch["log_probs"]
     old_lp = make_actor(model_path, device).infer(after, micro_batch_size=6).batch["log_probs"]  # untrained weights

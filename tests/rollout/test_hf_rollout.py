@@ -62,8 +62,8 @@ def test_generate_layout_and_log_probs_match_the_actor(gloo_world_one, llama_dir
 
 def test_greedy_is_deterministic_and_sampling_varies(gloo_world_one, llama_dir):  # noqa: F811
     rollout = _rollout(llama_dir, temperature=1.0)
-    g1 = rollout.generate(_prompts(), n=1, greedy=True).batch["responses"]
-    g2 = rollout.generate(_prompts(), n=1, greedy=True).batch["responses"]
+    g1 = rollout.generate(_prompts(), n=1, temperature=0).batch["responses"]
+    g2 = rollout.generate(_prompts(), n=1, temperature=0).batch["responses"]
     assert torch.equal(g1, g2)
     torch.manual_seed(1)
     s = rollout.generate(_prompts(), n=4).batch["responses"]
@@ -74,7 +74,7 @@ def test_weight_update_follows_the_actor(gloo_world_one, llama_dir, tmp_path):  
     """A rollout with its own copy: after the actor trains and syncs, log-probs follow the new weights."""
     actor = _actor(llama_dir)
     rollout = _rollout(llama_dir)
-    batch = rollout.generate(_prompts(), n=1, greedy=True)
+    batch = rollout.generate(_prompts(), n=1, temperature=0)
     before = actor.infer(batch, micro_batch_size=3).batch["log_probs"]
 
     def nll(out, mb):
@@ -86,7 +86,7 @@ def test_weight_update_follows_the_actor(gloo_world_one, llama_dir, tmp_path):  
     moved = rollout.update_weights(actor.weights())
     assert moved == sum(p.numel() * 4 for p in rollout.module.parameters())
     after = actor.infer(batch, micro_batch_size=3).batch["log_probs"]
-    again = rollout.generate(_prompts(), n=1, greedy=True)
+    again = rollout.generate(_prompts(), n=1, temperature=0)
     assert not torch.allclose(before, after)
     # The rollout's own log-probs for its new greedy tokens equal the updated actor's.
     actor_lp = actor.infer(again, micro_batch_size=3).batch["log_probs"]
@@ -110,7 +110,7 @@ def test_unknown_parameter_is_named(gloo_world_one, llama_dir):  # noqa: F811
 def test_sleep_releases_its_own_copy_and_a_full_sync_restores_it(gloo_world_one, llama_dir):  # noqa: F811
     actor = _actor(llama_dir)
     rollout = _rollout(llama_dir)
-    before = rollout.generate(_prompts(), n=1, greedy=True).batch["responses"]
+    before = rollout.generate(_prompts(), n=1, temperature=0).batch["responses"]
     size = sum(p.numel() for p in rollout.module.parameters())
     rollout.sleep()
     assert sum(p.numel() for p in rollout.module.parameters()) == 0  # nothing held while the actor trains
@@ -122,7 +122,7 @@ def test_sleep_releases_its_own_copy_and_a_full_sync_restores_it(gloo_world_one,
         rollout.generate(_prompts(), n=1)
     moved = rollout.update_weights(actor.weights())
     assert moved == 4 * size  # float32: every parameter sent once
-    assert torch.equal(rollout.generate(_prompts(), n=1, greedy=True).batch["responses"], before)
+    assert torch.equal(rollout.generate(_prompts(), n=1, temperature=0).batch["responses"], before)
 
 
 def test_sleep_keeps_a_shared_module(gloo_world_one, llama_dir):  # noqa: F811
@@ -130,4 +130,4 @@ def test_sleep_keeps_a_shared_module(gloo_world_one, llama_dir):  # noqa: F811
     rollout = _rollout(llama_dir, actor)
     rollout.sleep()
     assert sum(p.numel() for p in actor.model.parameters()) > 0
-    rollout.generate(_prompts(), n=1, greedy=True)
+    rollout.generate(_prompts(), n=1, temperature=0)

@@ -13,7 +13,7 @@ from tests.engine_fixtures import policy_batch
 from tests.trainer.run_configs import tiny_config
 from verl.controller import make_worker_group, pools_from_plan
 from verl.embedded.models import materialize_embedded_model
-from verl.placement import make_plan
+from verl.config.plan import build_plan
 from verl.protocol import DataProto
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
@@ -25,9 +25,9 @@ def _batch(vocab: int) -> DataProto:
 
 
 def _step(cfg, model_path: str, batch: DataProto):
-    plan, _ = make_plan(cfg)
+    plan = build_plan(cfg, total_steps=10)
     pool = pools_from_plan(plan)["hybrid"]
-    group = make_worker_group("ray", pool, ActorRolloutRefWorker, cfg, ["actor"], model_path, 10, role="actor")
+    group = make_worker_group("ray", pool, ActorRolloutRefWorker, cfg, plan, model_path, roles=["actor"], role="actor")
     try:
         group.init_model()
         metrics = group.update_actor(batch)
@@ -55,10 +55,10 @@ def test_world_two_equals_world_one(ray_two_cpus, tmp_path, embedded_cache):  # 
     m1, w1 = _step(one, model_path, batch)
     m2, w2 = _step(two, model_path, batch)
     assert len(m1) == 1 and len(m2) == 2  # one metrics dict per dp rank
-    loss1 = m1[0]["pg_loss"]
-    loss2 = sum(m["pg_loss"] for m in m2) / 2
+    loss1 = m1[0]["actor/pg_loss"]
+    loss2 = sum(m["actor/pg_loss"] for m in m2) / 2
     assert loss1 == pytest.approx(loss2, rel=1e-6, abs=1e-7)
-    assert m1[0]["grad_norm"] == pytest.approx(m2[0]["grad_norm"], rel=1e-5)
+    assert m1[0]["actor/grad_norm"] == pytest.approx(m2[0]["actor/grad_norm"], rel=1e-5)
     assert w1.keys() == w2.keys()
     changed = 0
     for name in w1:

@@ -61,7 +61,13 @@ def test_grpo_steps_log_grouped_metrics_and_checkpoint(tmp_path):
 
 
 def test_ppo_with_critic_reference_and_kl_in_reward(tmp_path):
-    cfg = tiny_config("ppo_tiny", str(tmp_path), "trainer.controller=local", "critic.ppo_micro_batch_size_per_device=4")
+    cfg = tiny_config(
+        "ppo_tiny",
+        str(tmp_path),
+        "trainer.controller=local",
+        "actor.ppo_micro_batch_size_per_device=2",  # a mini-batch of 2 prompts x n=1 is 2 rows
+        "critic.ppo_micro_batch_size_per_device=2",
+    )
     _run(cfg)
     row = _metrics(tmp_path)[-1]
     for key in ("critic/vf_loss", "critic/grad_norm", "actor/reward_kl", "actor/reward_kl_coef", "actor/pg_loss"):

@@ -16,7 +16,7 @@ from verl.algos import ADV_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, compute_adv
 from verl.config.errors import ConfigError
 from verl.config.loader import load_config
 from verl.config.validate import validate
-from verl.placement import enabled_roles
+from verl.config.placement import enabled_roles
 
 RECIPE = """\
 model: {path: /tmp/m}

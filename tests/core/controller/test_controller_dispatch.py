@@ -18,7 +18,7 @@ from verl.controller.dispatch import (
     registered_methods,
     split,
 )
-from verl.placement import make_plan
+from verl.config.plan import make_plan
 from verl.protocol import DataProto
 
 

@@ -1,7 +1,42 @@
 """verl: reinforcement-learning post-training for large language models.
 
-The core holds the data protocol, the run configuration, backend discovery and (as they land) the
-controller, algorithms and trainer. Training and rollout engines live in separate packages.
+    from verl import PPOTrainer, load_config
+    trainer = PPOTrainer("recipes/grpo_tiny.yaml", overrides=["trainer.total_steps=20"])
+    print(trainer.fit())
+    trainer.close()
+
+The core holds the data protocol, the run configuration and its plan, the controller, algorithms, rewards and
+trainers; training and rollout engines live in separate packages, found by backend name.
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Any
+
+try:
+    __version__ = importlib.metadata.version("verl-core")
+except importlib.metadata.PackageNotFoundError:  # a source checkout that was not installed
+    __version__ = "0.0.0+source"
+
+# The public names, imported on first use: `import verl` stays light (no torch, no Ray) for the CLI.
+_PUBLIC = {
+    "PPOTrainer": "verl.trainer.ppo",
+    "format_summary": "verl.trainer.ppo",
+    "load_config": "verl.config.loader",
+    "ConfigError": "verl.config.errors",
+    "validate": "verl.config.validate",
+    "build_plan": "verl.config.plan",
+    "Plan": "verl.config.plan",
+    "DataProto": "verl.protocol",
+    "VerlConfig": "verl.config.schema",
+}
+
+__all__ = ["__version__", *_PUBLIC]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'verl' has no attribute '{name}'")
+

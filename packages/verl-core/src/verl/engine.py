@@ -40,11 +40,10 @@ class EngineConfig:
     dtype: str = "bfloat16"  # parameter/compute dtype on GPU; CPU always computes in float32
     gradient_checkpointing: bool = False
     param_offload: bool = False
-    optimizer_offload: bool = False
     use_fused_kernels: bool = False
     fused_kernel_impl: str = "torch"
     seed: int = 1
-    parallel: Optional[Any] = None  # verl.config.schema.ParallelConfig (backends that split the model use it)
+    parallel: Optional[Any] = None  # the role's Layout from the plan, or a ParallelConfig (backends that split use it)
     override_config: Dict[str, Any] = field(default_factory=dict)
 
     def compute_dtype(self) -> torch.dtype:
@@ -109,8 +108,10 @@ class RolloutEngine(Protocol):
         worker holds none); `settings` are `verl.workers.engines.rollout_settings` (lengths, token ids,
         device, dtype, seed). An engine takes what it uses from them."""
 
-    def generate(self, prompts: DataProto, *, n: int, greedy: bool = False) -> DataProto:
-        """prompts: input_ids/attention_mask/position_ids [B, P]. Returns B*n rows (samples of one prompt
+    def generate(self, prompts: DataProto, *, n: int, temperature: Optional[float] = None) -> DataProto:
+        """Sample at `temperature` (None: the recipe's rollout.temperature; 0: greedy).
+
+        prompts: input_ids/attention_mask/position_ids [B, P]. Returns B*n rows (samples of one prompt
         adjacent) with input_ids, attention_mask, position_ids, prompts, responses, response_mask and
         rollout_log_probs; non-tensor columns are repeated alongside."""
 

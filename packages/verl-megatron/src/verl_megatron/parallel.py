@@ -37,34 +37,28 @@ class Layout:
 
 
 def _sizes(parallel: Any, world_size: int) -> dict:
-    def get(key: str, default: Any) -> Any:
-        value = getattr(parallel, key, None) if parallel is not None else None
-        return default if value is None else value
+    """The layout's sizes: a plan's Layout as it is, or a ParallelConfig laid over `world_size` ranks by the core's
+    placement arithmetic (dp derived), the one place that arithmetic lives."""
+    from verl.config.placement import Layout as PlanLayout
+    from verl.config.placement import derive_layout
 
-    tp, pp, cp, ep, vpp = get("tp", 1), get("pp", 1), get("cp", 1), get("ep", 1), get("vpp", None)
-    for key, value in (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"parallel.{key} must be an int >= 1, got {value!r}")
-    model_parallel = tp * pp * cp
-    if world_size % model_parallel:
-        raise ValueError(
-            f"parallel tp*pp*cp = {tp}*{pp}*{cp} = {model_parallel} does not divide the role's {world_size} ranks; "
-            "change parallel.tp / parallel.pp / parallel.cp or the devices in the pool"
-        )
-    dp = world_size // model_parallel
-    want_dp = get("dp", None)
-    if want_dp is not None and want_dp != dp:
-        raise ValueError(f"parallel.dp={want_dp}, but {world_size} ranks / (tp*pp*cp = {model_parallel}) = {dp}")
-    if vpp is not None and (pp < 2 or vpp < 1):
-        raise ValueError(f"parallel.vpp={vpp} needs parallel.pp >= 2 and vpp >= 1 (pp={pp})")
-    if vpp == 1:
-        vpp = None
-    return dict(tp=tp, pp=pp, vpp=vpp, cp=cp, ep=ep, dp=dp)
+    layout = parallel
+    if not isinstance(parallel, PlanLayout):
+        wanted = {a: getattr(parallel, a, None) for a in ("tp", "pp", "cp", "ep", "dp", "vpp", "sequence_parallel")}
+        layout, problems = derive_layout("model", "megatron", wanted, ("engine", 0, world_size), "parallel")
+        if layout is None:
+            raise ValueError("; ".join(f"{p.key}: {p.message} ({p.fix})" for p in problems))
+    if layout.world != world_size:
+        raise ValueError(f"the layout spans {layout.world} ranks, but this role has {world_size}")
+    vpp = layout.vpp
+    if vpp is not None and (layout.pp < 2 or vpp < 1):
+        raise ValueError(f"parallel.vpp={vpp} needs parallel.pp >= 2 and vpp >= 1 (pp={layout.pp})")
+    return dict(tp=layout.tp, pp=layout.pp, vpp=None if vpp == 1 else vpp, cp=layout.cp, ep=layout.ep, dp=layout.dp)
 
 
 def sequence_parallel(parallel: Any, tp: int) -> bool:
     """parallel.sequence_parallel resolved as the placement plan does (None: on when tp > 1); true needs tp > 1."""
-    from verl.placement import resolve_sequence_parallel
+    from verl.config.placement import resolve_sequence_parallel
 
     value = getattr(parallel, "sequence_parallel", None) if parallel is not None else None
     if value and tp == 1:

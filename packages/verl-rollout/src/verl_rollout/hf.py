@@ -54,8 +54,8 @@ class HFRollout:
         keep = ("max_new_tokens", "eos_token_id", "pad_token_id", "device")
         return cls(cfg, model_path=model_path, **{k: settings[k] for k in keep}, **shared)
 
-    def _generation_config(self, greedy: bool) -> GenerationConfig:
-        sample = not greedy and self.cfg.temperature > 0
+    def _generation_config(self, temperature: float) -> GenerationConfig:
+        sample = temperature > 0
         kwargs = dict(
             do_sample=sample,
             max_new_tokens=self.max_new_tokens,
@@ -67,14 +67,14 @@ class HFRollout:
         )
         if sample:
             kwargs.update(
-                temperature=self.cfg.temperature,
+                temperature=temperature,
                 top_p=self.cfg.top_p,
                 top_k=self.cfg.top_k if self.cfg.top_k > 0 else 0,
             )
         return GenerationConfig(**kwargs)
 
     @torch.no_grad()
-    def generate(self, prompts: DataProto, *, n: int = 1, greedy: bool = False) -> DataProto:
+    def generate(self, prompts: DataProto, *, n: int = 1, temperature: Optional[float] = None) -> DataProto:
         if self._released is not None:
             raise RuntimeError(
                 "the rollout's weights were released (sleep, while the actor trained); sync the actor's weights "
@@ -85,18 +85,18 @@ class HFRollout:
         ids = prompts.batch["input_ids"].to(self.device)
         mask = prompts.batch["attention_mask"].to(self.device)
         p = ids.shape[1]
+        temperature = self.cfg.temperature if temperature is None else temperature
         was_training = self.module.training
         self.module.eval()
         with self.gather():
             out = self.module.generate(
-                input_ids=ids, attention_mask=mask, generation_config=self._generation_config(greedy)
+                input_ids=ids, attention_mask=mask, generation_config=self._generation_config(temperature)
             )
         self.module.train(was_training)
 
         responses = out.sequences[:, p:].cpu()
         # The log-probs the sampler used: raw logits scaled by the temperature (before top-k/top-p).
-        temperature = 1.0 if greedy or self.cfg.temperature <= 0 else self.cfg.temperature
-        logits = torch.stack(out.logits, dim=1).float() / temperature
+        logits = torch.stack(out.logits, dim=1).float() / (temperature if temperature > 0 else 1.0)
         log_probs = torch.log_softmax(logits, -1).gather(-1, responses.to(logits.device).unsqueeze(-1)).squeeze(-1)
         # Fixed width R = max_new_tokens; rows that stopped early were padded by generate (the mask ends at eos).
         generated = responses.shape[1]

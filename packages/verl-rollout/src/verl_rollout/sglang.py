@@ -83,10 +83,10 @@ class SGLangRollout:
         """From the run's settings (`verl.workers.engines.rollout_settings`); SGLang keeps its own weights."""
         return cls(cfg, model_path=model_path, **settings)
 
-    def _sampling(self, greedy: bool) -> dict:
-        sample = not greedy and self.cfg.temperature > 0
+    def _sampling(self, temperature: float) -> dict:
+        sample = temperature > 0
         return {
-            "temperature": float(self.cfg.temperature) if sample else 0.0,
+            "temperature": float(temperature) if sample else 0.0,
             "top_p": float(self.cfg.top_p) if sample else 1.0,
             "top_k": int(self.cfg.top_k) if sample and self.cfg.top_k > 0 else -1,
             "max_new_tokens": self.max_new_tokens,
@@ -94,7 +94,7 @@ class SGLangRollout:
         }
 
     @torch.no_grad()
-    def generate(self, prompts: DataProto, *, n: int = 1, greedy: bool = False) -> DataProto:
+    def generate(self, prompts: DataProto, *, n: int = 1, temperature: Optional[float] = None) -> DataProto:
         if self.weights_stale:
             raise RuntimeError(
                 "the rollout's weights were released (sleep, while the actor trained); sync the actor's weights "
@@ -105,8 +105,9 @@ class SGLangRollout:
             self.kv_released = False
         if n > 1:
             prompts = prompts.repeat(n, interleave=True)
+        temperature = self.cfg.temperature if temperature is None else temperature
         outputs = self.engine.generate(
-            input_ids=unpadded_prompts(prompts), sampling_params=self._sampling(greedy), return_logprob=True
+            input_ids=unpadded_prompts(prompts), sampling_params=self._sampling(temperature), return_logprob=True
         )
         tokens, log_probs = [], []
         for out in outputs:

@@ -108,11 +108,11 @@ class VLLMRollout:
         """From the run's settings (`verl.workers.engines.rollout_settings`); vLLM keeps its own weights."""
         return cls(cfg, model_path=model_path, **settings)
 
-    def _sampling(self, n: int, greedy: bool) -> SamplingParams:
-        sample = not greedy and self.cfg.temperature > 0
+    def _sampling(self, n: int, temperature: float) -> SamplingParams:
+        sample = temperature > 0
         return SamplingParams(
             n=n,
-            temperature=float(self.cfg.temperature) if sample else 0.0,
+            temperature=float(temperature) if sample else 0.0,
             top_p=float(self.cfg.top_p) if sample else 1.0,
             top_k=int(self.cfg.top_k) if sample and self.cfg.top_k > 0 else 0,
             max_tokens=self.max_new_tokens,
@@ -122,18 +122,19 @@ class VLLMRollout:
         )
 
     @torch.no_grad()
-    def generate(self, prompts: DataProto, *, n: int = 1, greedy: bool = False) -> DataProto:
+    def generate(self, prompts: DataProto, *, n: int = 1, temperature: Optional[float] = None) -> DataProto:
         if self.weights_discarded:
             raise RuntimeError(
                 "the rollout's weights were discarded (sleep, while the actor trained); sync the actor's weights "
                 "into it (update_weights) before generating"
             )
         self._wake_kv_cache()
-        greedy = greedy or self.cfg.temperature <= 0  # vLLM treats temperature 0 as greedy
-        if n > 1 and greedy:  # vLLM samples n > 1 only at random; greedy copies are separate requests
+        temperature = self.cfg.temperature if temperature is None else temperature
+        # vLLM treats temperature 0 as greedy, and samples n > 1 only at random: greedy copies are separate requests
+        if n > 1 and temperature <= 0:
             prompts, n = prompts.repeat(n, interleave=True), 1
         requests = [TokensPrompt(prompt_token_ids=ids) for ids in unpadded_prompts(prompts)]
-        outputs = self.llm.generate(requests, self._sampling(n, greedy), use_tqdm=False)
+        outputs = self.llm.generate(requests, self._sampling(n, temperature), use_tqdm=False)
         tokens, log_probs = [], []
         for out in outputs:  # vLLM returns requests in submission order, each with its n samples
             if len(out.outputs) != n:

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, OmegaConfBaseException
 
 from verl.config.errors import ConfigError, ConfigProblem
-from verl.config.schema import VerlConfig
+from verl.config.schema import REMOVED_KEYS, VerlConfig
 
 KeyPath = tuple[str | int, ...]  # str for mapping keys, int for list indices
 Locate = Callable[[KeyPath], str | None]
@@ -39,8 +39,9 @@ __all__ = ["load_config", "read_config", "parse_overrides", "to_yaml"]
 # --------------------------------------------------------------------------- public API
 
 
-def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> DictConfig:
-    """Recipe file + key=value overrides merged onto the schema; raises ConfigError listing every problem."""
+def load_config(path: str | os.PathLike | Mapping, overrides: Sequence[str] = ()) -> DictConfig:
+    """Recipe file (or a plain dict of sections) + key=value overrides merged onto the schema; raises
+    ConfigError listing every problem."""
     cfg, problems = read_config(path, overrides)
     if cfg is None or any(p.severity == "error" for p in problems):
         raise ConfigError(problems)
@@ -48,7 +49,7 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> DictC
 
 
 def read_config(
-    path: str | os.PathLike, overrides: Sequence[str] = ()
+    path: str | os.PathLike | Mapping, overrides: Sequence[str] = ()
 ) -> tuple[DictConfig | None, list[ConfigProblem]]:
     """Like `load_config`, but returns the problems instead of raising.
 
@@ -56,7 +57,10 @@ def read_config(
     can go on to check the rest; it is None only when the file itself could not be read or parsed.
     """
     cfg = OmegaConf.structured(VerlConfig)
-    data, locations, problems = _read_recipe(path)
+    if isinstance(path, Mapping):  # a recipe given as data: the same checks, without file locations
+        data, locations, problems = _plain(path), {}, []
+    else:
+        data, locations, problems = _read_recipe(path)
     if data:
         _apply_section(cfg, VerlConfig, data, (), lambda p: locations.get(_dotted(p)), problems)
     parsed, override_problems = _parse_all(overrides)
@@ -70,6 +74,13 @@ def read_config(
         problems += _missing_problems(cfg, locations, problems)
         problems += _interpolation_problems(cfg, locations)
     return (cfg if data is not None else None), problems
+
+
+def _plain(data: Mapping) -> dict:
+    """A mapping (a dict, or a DictConfig section) as plain data for the schema walk."""
+    if isinstance(data, DictConfig):
+        return OmegaConf.to_container(data, resolve=False)
+    return dict(data)
 
 
 def parse_overrides(overrides: Sequence[str]) -> tuple[dict, list[ConfigProblem]]:
@@ -415,6 +426,8 @@ def _is_list(parent: Container, key: str | int) -> bool:
 
 def _unknown_key(path: KeyPath, valid: list[str], location: str | None) -> ConfigProblem:
     key = str(path[-1])
+    if _dotted(path) in REMOVED_KEYS:
+        return ConfigProblem(_dotted(path), f"'{_dotted(path)}' was removed", fix=REMOVED_KEYS[_dotted(path)], location=location)
     guess = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
     section = _dotted(path[:-1]) or "the top level"
     if guess:

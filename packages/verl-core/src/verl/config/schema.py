@@ -1,7 +1,9 @@
 """The run configuration: one dataclass per recipe section.
 
-OmegaConf checks types and unknown keys against these dataclasses; `verl.config.validate` checks what
-types cannot (batch sizes that divide, layouts that fit the devices, installed backends).
+OmegaConf checks types and unknown keys against these dataclasses. A field's metadata states what its type
+cannot: `one_of(...)` the values it may take, `at_least(n)` its lower bound; `verl.config.validate` checks
+those generically and keeps only the checks across fields (batch sizes that divide, layouts that fit the
+devices, installed backends). Keys that were removed are in `REMOVED_KEYS`, each with what replaces it.
 Sizes follow one convention: `*_batch_size` counts prompts, `*_per_device` counts samples on one worker.
 """
 
@@ -13,6 +15,26 @@ from typing import Any, Dict, List, Optional
 from omegaconf import MISSING
 
 ROLES = ("actor", "rollout", "ref", "critic")
+
+
+def one_of(default: Any, *choices: str) -> Any:
+    """A field whose value must be one of `choices` (checked by validate, with a did-you-mean)."""
+    return field(default=default, metadata={"choices": choices})
+
+
+def at_least(default: Any, bound: int) -> Any:
+    """A numeric field whose value (when set) must be >= bound."""
+    return field(default=default, metadata={"min": bound})
+
+
+# Keys that no longer exist: what a recipe that still sets them should do instead.
+REMOVED_KEYS = {
+    "model.trust_remote_code": "remove it: verl builds Llama, Qwen2 and Qwen3 models with transformers' own classes",
+    "rollout.log_prob_micro_batch_size_per_device": "use actor.log_prob_micro_batch_size_per_device (the trainer "
+    "computes log-probs with the actor's engine)",
+    "actor.optimizer_offload": "use actor.param_offload (FSDP's CPU offload keeps parameters, gradients and "
+    "optimizer state in host memory)",
+}
 
 
 @dataclass
@@ -36,7 +58,7 @@ class OptimConfig:
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
     warmup_steps: int = 0
-    scheduler: str = "constant"  # constant | cosine
+    scheduler: str = one_of("constant", "constant", "cosine")
     min_lr_ratio: float = 0.0
     grad_clip: float = 1.0
 
@@ -46,18 +68,17 @@ class WarmStartConfig:
     """Supervised fine-tuning before RL (cached by these settings): prompt/response parquet files."""
 
     files: List[str] = MISSING  # parquet with columns prompt (chat messages) and response, or "embedded:arithmetic-sft"
-    steps: int = 200
-    batch_size: int = 64
-    max_length: int = 64  # tokens of prompt + response; longer examples are dropped and counted
+    steps: int = at_least(200, 1)
+    batch_size: int = at_least(64, 1)
+    max_length: int = at_least(64, 1)  # tokens of prompt + response; longer examples are dropped and counted
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, weight_decay=0.0))
 
 
 @dataclass
 class ModelConfig:
     path: str = MISSING  # Hugging Face folder, or an embedded model such as "embedded:tiny-llama"
-    tokenizer_path: Optional[str] = None  # None: same as path
-    dtype: str = "bfloat16"  # parameter dtype on GPU; CPU runs compute in float32
-    trust_remote_code: bool = False
+    tokenizer_path: Optional[str] = None  # None: the tokenizer saved with the model (model.path)
+    dtype: str = one_of("bfloat16", "bfloat16", "float16", "float32")  # on GPU; CPU runs compute in float32
     gradient_checkpointing: bool = False
     override_config: Dict[str, Any] = field(default_factory=dict)
     warm_start: Optional[WarmStartConfig] = None  # SFT before RL
@@ -68,10 +89,10 @@ class DataConfig:
     train_files: List[str] = MISSING  # parquet files in verl's RL format, or "embedded:arithmetic"
     val_files: List[str] = field(default_factory=list)
     prompt_key: str = "prompt"
-    max_prompt_length: int = 512
-    max_response_length: int = 512
-    train_batch_size: int = MISSING  # prompts per step
-    val_batch_size: Optional[int] = None  # None: the whole validation set at once
+    max_prompt_length: int = at_least(512, 1)
+    max_response_length: int = at_least(512, 1)
+    train_batch_size: int = at_least(MISSING, 1)  # prompts per step
+    val_batch_size: Optional[int] = at_least(None, 1)  # None: the whole validation set at once
     shuffle: bool = True
     filter_overlong_prompts: bool = True
     dataset: Optional[Dict[str, Any]] = None  # {_target_: pkg.Dataset, ...} replaces the parquet dataset
@@ -79,7 +100,7 @@ class DataConfig:
 
 @dataclass
 class KLControlConfig:
-    type: str = "fixed"  # fixed | adaptive
+    type: str = "fixed"  # a KL controller name (verl.algos): fixed | adaptive
     kl_coef: float = 0.001
     target_kl: float = 0.1
     horizon: int = 10000
@@ -90,7 +111,7 @@ class FilterGroupsConfig:
     """DAPO dynamic sampling: drop prompt groups whose samples all scored the same (zero advantage)."""
 
     enable: bool = False
-    metric: str = "seq_reward"  # compared within a group: seq_reward (summed token rewards) or a reward extra (acc)
+    metric: str = one_of("seq_reward", "seq_reward")  # compared within a group: each sample's summed token scores
     max_num_gen_batches: int = 0  # rollout batches to try filling one training batch; 0: no limit
 
 
@@ -122,9 +143,9 @@ class ActorConfig:
     backend: str = "fsdp"  # fsdp | megatron
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    ppo_mini_batch_size: int = MISSING  # prompts per optimizer step (times rollout.n samples)
-    ppo_micro_batch_size_per_device: int = 1  # samples per forward/backward on one worker
-    ppo_epochs: int = 1
+    ppo_mini_batch_size: int = at_least(MISSING, 1)  # prompts per optimizer step (times rollout.n samples)
+    ppo_micro_batch_size_per_device: int = at_least(1, 1)  # samples per forward/backward on one worker
+    ppo_epochs: int = at_least(1, 1)
     policy_loss: Any = "vanilla"  # registry name: vanilla (PPO clip), dual_clip, gspo, cispo, or {_target_: ...}
     clip_ratio: float = 0.2
     clip_ratio_low: Optional[float] = None  # None: clip_ratio
@@ -137,27 +158,25 @@ class ActorConfig:
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: Any = "low_var_kl"  # a KL estimator name, as algorithm.kl_penalty
-    log_prob_micro_batch_size_per_device: int = 8
+    log_prob_micro_batch_size_per_device: int = at_least(8, 1)  # samples per log-prob forward on one worker
     use_fused_kernels: bool = False
-    fused_kernel_impl: str = "torch"  # torch | triton
-    param_offload: bool = False
-    optimizer_offload: bool = False
+    fused_kernel_impl: str = "torch"  # torch | triton (a kernels backend)
+    param_offload: bool = False  # fsdp: parameters, gradients and optimizer state in host memory
 
 
 @dataclass
 class RolloutConfig:
     backend: str = "hf"  # hf | vllm | sglang
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # generation layout: tp (and derived dp)
-    n: int = 1  # samples per prompt
+    n: int = at_least(1, 1)  # samples per prompt
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1  # -1: off
-    max_new_tokens: Optional[int] = None  # None: data.max_response_length
+    max_new_tokens: Optional[int] = at_least(None, 1)  # None: data.max_response_length
     gpu_memory_utilization: float = 0.5
     enforce_eager: bool = False
     free_cache_engine: bool = True  # release the KV cache while the actor trains (sleep/wake)
-    val_temperature: float = 0.0  # 0: greedy validation
-    log_prob_micro_batch_size_per_device: int = 8
+    val_temperature: float = 0.0  # sampling temperature of validation; 0: greedy
 
 
 @dataclass
@@ -165,7 +184,7 @@ class RefConfig:
     enable: Optional[bool] = None  # None: on when actor.use_kl_loss or algorithm.use_kl_in_reward
     backend: Optional[str] = None  # None: the actor's backend
     parallel: Optional[ParallelConfig] = None  # None: the actor's layout
-    log_prob_micro_batch_size_per_device: int = 8
+    log_prob_micro_batch_size_per_device: int = at_least(8, 1)
     param_offload: bool = False
 
 
@@ -176,9 +195,9 @@ class CriticConfig:
     model_path: Optional[str] = None  # None: initialise from model.path with a fresh value head
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
-    ppo_mini_batch_size: Optional[int] = None  # None: actor.ppo_mini_batch_size
-    ppo_micro_batch_size_per_device: int = 1
-    ppo_epochs: Optional[int] = None  # None: actor.ppo_epochs
+    ppo_mini_batch_size: Optional[int] = at_least(None, 1)  # None: actor.ppo_mini_batch_size
+    ppo_micro_batch_size_per_device: int = at_least(1, 1)  # samples per forward/backward (and value pass)
+    ppo_epochs: Optional[int] = at_least(None, 1)  # None: actor.ppo_epochs
     cliprange_value: float = 0.5
     loss_agg_mode: Any = "token-mean"
 
@@ -203,7 +222,7 @@ class PoolConfig:
 class PlacementConfig:
     nnodes: int = 1
     devices_per_node: int = 1  # GPUs per node, or worker processes per node on CPU
-    device: str = "cpu"  # cpu | cuda
+    device: str = one_of("cpu", "cpu", "cuda")
     pools: List[PoolConfig] = field(
         default_factory=lambda: [PoolConfig(name="hybrid", roles=["actor", "rollout", "ref", "critic"])]
     )
@@ -216,7 +235,7 @@ class TrackingConfig:
     )  # console | jsonl | wandb | tensorboard | prometheus
     project: str = "verl"
     experiment: str = "run"
-    wandb_mode: str = "online"  # online | offline
+    wandb_mode: str = one_of("online", "online", "offline", "disabled")
     log_dir: Optional[str] = None  # None: <trainer.output_dir>/logs
     prometheus_port: int = 9464
 
@@ -224,9 +243,9 @@ class TrackingConfig:
 @dataclass
 class CheckpointConfig:
     save_every: int = 0  # steps; 0: only at the end
-    keep_last: int = 2
+    keep_last: int = at_least(2, 1)
     dir: Optional[str] = None  # None: <trainer.output_dir>/checkpoints
-    save_hf: bool = False  # also export a Hugging Face folder with each checkpoint
+    save_hf: bool = False  # at the end of the run, also write the actor as a Hugging Face folder: <output_dir>/hf
 
 
 @dataclass
@@ -239,7 +258,7 @@ class TrainerConfig:
     val_before_train: bool = True
     log_every: int = 1
     resume: str = "auto"  # auto | disable | <checkpoint dir>
-    controller: str = "ray"  # ray | local (in-process workers, for debugging)
+    controller: str = one_of("ray", "ray", "local")  # local: in-process workers, for debugging
     plugins: List[str] = field(default_factory=list)  # modules imported first: custom registry entries
 
 

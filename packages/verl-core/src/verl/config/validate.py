@@ -2,36 +2,24 @@
 and algorithm names that exist in the verl.algos registries (after importing trainer.plugins).
 
 `validate` runs every check and returns every problem (errors and warnings), each with its dotted key
-and a concrete fix. The arithmetic lives in `verl.placement`; the checks here read its draft plan.
+and a concrete fix. The arithmetic lives in `verl.config.placement` and `verl.config.plan`; the checks here read its draft.
+A field's own rules (`one_of`, `at_least` in the schema) are checked generically.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import typing
 from dataclasses import dataclass
-from typing import Any, Callable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
-from verl.backends import BackendSpec, check_backend
 from verl.config.errors import ConfigError, ConfigProblem
-from verl.placement import (
-    TRAIN_ROLES,
-    Draft,
-    TrainBatch,
-    as_config,
-    draft_plan,
-    ref_inherits_parallel,
-    role_backend,
-    role_parallel,
-    value,
-)
-from verl.tracking import LOGGERS  # the registry the Tracker builds from: one list of logger names
-
-DEVICES = ("cpu", "cuda")
-WANDB_MODES = ("online", "offline", "disabled")
-CONTROLLERS = ("ray", "local")
-SCHEDULERS = ("constant", "cosine")
+from verl.config.placement import TRAIN_ROLES, as_config, ref_inherits_parallel, role_backend, role_parallel, value
+from verl.config.plan import Draft, Plan, TrainBatch, draft_plan, plan_of
+from verl.config.schema import VerlConfig
 
 # Keys that name a registry entry (verl.algos), and the registry: "critic." keys only when a critic runs.
 REGISTRY_KEYS = (
@@ -49,7 +37,7 @@ REGISTRY_KEYS = (
 class Context:
     cfg: DictConfig
     strict: bool
-    installed: Optional[Mapping[str, BackendSpec]]
+    installed: Optional[Mapping[str, Any]]  # backends by name (verl.backends.BackendSpec)
     draft: Draft
 
 
@@ -104,6 +92,40 @@ def _train_roles(ctx: Context) -> List[str]:
 # ---------------------------------------------------------------------------------------------
 
 
+def _field_rules(schema: type, node: Any, prefix: str) -> List[ConfigProblem]:
+    """The `one_of` / `at_least` metadata of every field of `schema` (a section), checked against `node`."""
+    problems = []
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        key = f"{prefix}{f.name}"
+        if OmegaConf.is_missing(node, f.name):
+            continue  # reported by check_missing
+        v = node[f.name]
+        section = _section_type(hints[f.name])
+        if section is not None:
+            if v is not None:
+                problems += _field_rules(section, v, key + ".")
+            continue
+        if "choices" in f.metadata and v is not None:
+            problems += _one_of(key, v, f.metadata["choices"])
+        bound = f.metadata.get("min")
+        if bound is not None and isinstance(v, (int, float)) and v < bound:
+            problems.append(_error(key, f"must be >= {bound}, got {v}", f"set {key}={bound} or more"))
+    return problems
+
+
+def _section_type(tp: Any) -> Optional[type]:
+    """The dataclass of a section field (Optional[...] allowed), else None."""
+    if typing.get_origin(tp) is typing.Union:  # Optional[Section]
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        tp = args[0] if len(args) == 1 else None
+    return tp if isinstance(tp, type) and dataclasses.is_dataclass(tp) else None
+
+
+def check_field_rules(ctx: Context) -> List[ConfigProblem]:
+    return _field_rules(VerlConfig, ctx.cfg, "")
+
+
 def check_missing(ctx: Context) -> List[ConfigProblem]:
     return [
         _error(key, "required value is not set", f"set {key} in the recipe or as an override {key}=...")
@@ -112,12 +134,23 @@ def check_missing(ctx: Context) -> List[ConfigProblem]:
 
 
 def check_placement(ctx: Context) -> List[ConfigProblem]:
-    """Pools, their devices and the roles in them (computed by verl.placement)."""
+    """Pools, their devices and the roles in them (computed by verl.config.placement)."""
     return list(ctx.draft.problems)
 
 
-def check_device(ctx: Context) -> List[ConfigProblem]:
-    return _one_of("placement.device", value(ctx.cfg, "placement.device"), DEVICES)
+def check_hybrid_engine(ctx: Context) -> List[ConfigProblem]:
+    """The actor, its rollout and the reference share one pool: the hybrid engine (the only placement yet)."""
+    pools = {role: ctx.draft.pool_of(role) for role in ("actor", "rollout", "ref") if ctx.draft.pool_of(role)}
+    if len(set(pools.values())) <= 1:
+        return []
+    where = ", ".join(f"{role} in '{pool}'" for role, pool in pools.items())
+    return [
+        _error(
+            "placement.pools",
+            f"the actor, rollout and ref must share one pool (the hybrid engine) in this version; got {where}",
+            "list them in the same placement.pools entry",
+        )
+    ]
 
 
 def _cuda_available() -> bool:
@@ -143,7 +176,7 @@ def check_cuda_here(ctx: Context) -> List[ConfigProblem]:
 
 def check_controller(ctx: Context) -> List[ConfigProblem]:
     controller = value(ctx.cfg, "trainer.controller")
-    problems = _one_of("trainer.controller", controller, CONTROLLERS)
+    problems = []
     nnodes = value(ctx.cfg, "placement.nnodes")
     if controller == "local" and isinstance(nnodes, int) and nnodes > 1:
         problems.append(
@@ -187,7 +220,7 @@ def check_fsdp_layout(ctx: Context) -> List[ConfigProblem]:
 def check_megatron_offload(ctx: Context) -> List[ConfigProblem]:
     """The megatron engine keeps parameters and optimizer state on the device: refuse switches it would ignore."""
     problems = []
-    for key in ("actor.param_offload", "actor.optimizer_offload", "ref.param_offload"):
+    for key in ("actor.param_offload", "ref.param_offload"):
         role = key.split(".")[0]
         if role in ctx.draft.roles and role_backend(ctx.cfg, role) == "megatron" and value(ctx.cfg, key):
             problems.append(
@@ -297,36 +330,6 @@ def check_expert_parallel(ctx: Context) -> List[ConfigProblem]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _positive_keys(ctx: Context) -> List[str]:
-    keys = [
-        "data.train_batch_size",
-        "data.val_batch_size",
-        "data.max_prompt_length",
-        "data.max_response_length",
-        "rollout.n",
-        "rollout.max_new_tokens",
-        "rollout.log_prob_micro_batch_size_per_device",
-        "actor.ppo_mini_batch_size",
-        "actor.ppo_micro_batch_size_per_device",
-        "actor.ppo_epochs",
-        "actor.log_prob_micro_batch_size_per_device",
-    ]
-    if "ref" in ctx.draft.roles:
-        keys.append("ref.log_prob_micro_batch_size_per_device")
-    if "critic" in ctx.draft.roles:
-        keys += ["critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_device", "critic.ppo_epochs"]
-    return keys
-
-
-def check_positive_sizes(ctx: Context) -> List[ConfigProblem]:
-    problems = []
-    for key in _positive_keys(ctx):
-        v = value(ctx.cfg, key)  # None: unset optional (or missing, reported by check_missing)
-        if v is not None and v < 1:
-            problems.append(_error(key, f"must be >= 1, got {v}", f"set {key} to a positive number"))
-    return problems
-
-
 def check_rollout_batch(ctx: Context) -> List[ConfigProblem]:
     """Prompts are split over rollout DP replicas before each samples rollout.n responses."""
     batch = ctx.draft.batch
@@ -414,6 +417,26 @@ def _estimator_label(spec: Any) -> str:
     return str(spec)
 
 
+def check_values_have_a_critic(ctx: Context) -> List[ConfigProblem]:
+    """An estimator that needs values (gae) cannot run with the critic turned off."""
+    from verl.algos import estimator_needs_values
+
+    spec = value(ctx.cfg, "algorithm.adv_estimator")
+    try:
+        needs = estimator_needs_values(spec)
+    except (LookupError, ValueError, TypeError, ConfigError):  # reported by check_registry_names
+        return []
+    if not needs or "critic" in ctx.draft.roles:
+        return []
+    return [
+        _error(
+            "critic.enable",
+            f"algorithm.adv_estimator={_estimator_label(spec)} needs values, but the critic is off",
+            "set critic.enable=true, or pick an estimator without a critic (e.g. grpo)",
+        )
+    ]
+
+
 def check_group_size(ctx: Context) -> List[ConfigProblem]:
     """Estimators with a group baseline (they need the group index) learn nothing from groups of one."""
     from verl.algos import estimator_requires
@@ -442,6 +465,8 @@ def check_group_size(ctx: Context) -> List[ConfigProblem]:
 
 
 def check_backends(ctx: Context) -> List[ConfigProblem]:
+    from verl.backends import check_backend  # lazy: backends report their problems with verl.config's types
+
     cfg, roles = ctx.cfg, ctx.draft.roles
     wanted = [
         ("actor.backend", value(cfg, "actor.backend"), "train"),
@@ -468,28 +493,10 @@ def check_backends(ctx: Context) -> List[ConfigProblem]:
 
 
 def check_loggers(ctx: Context) -> List[ConfigProblem]:
+    from verl.tracking import LOGGERS  # lazy: the registry the Tracker builds from, one list of logger names
+
     loggers = value(ctx.cfg, "tracking.loggers") or []
     return [p for i, name in enumerate(loggers) for p in _one_of(f"tracking.loggers[{i}]", name, tuple(LOGGERS))]
-
-
-def check_wandb_mode(ctx: Context) -> List[ConfigProblem]:
-    return _one_of("tracking.wandb_mode", value(ctx.cfg, "tracking.wandb_mode"), WANDB_MODES)
-
-
-def check_schedulers(ctx: Context) -> List[ConfigProblem]:
-    roles = ["actor"] + (["critic"] if "critic" in ctx.draft.roles else [])
-    return [
-        p
-        for role in roles
-        for p in _one_of(f"{role}.optim.scheduler", value(ctx.cfg, f"{role}.optim.scheduler"), SCHEDULERS)
-    ]
-
-
-def check_checkpoint(ctx: Context) -> List[ConfigProblem]:
-    keep = value(ctx.cfg, "checkpoint.keep_last")
-    if keep is None or keep >= 1:
-        return []
-    return [_error("checkpoint.keep_last", f"must be >= 1, got {keep}", "set checkpoint.keep_last=1 or more")]
 
 
 def check_sampling(ctx: Context) -> List[ConfigProblem]:
@@ -694,8 +701,9 @@ def _load_plugins(cfg: DictConfig) -> List[ConfigProblem]:
 
 CHECKS: Sequence[Check] = (
     check_missing,
+    check_field_rules,
     check_placement,
-    check_device,
+    check_hybrid_engine,
     check_cuda_here,
     check_controller,
     check_fsdp_layout,
@@ -704,16 +712,13 @@ CHECKS: Sequence[Check] = (
     check_virtual_pipeline,
     check_sequence_parallel,
     check_expert_parallel,
-    check_positive_sizes,
     check_rollout_batch,
     check_train_batches,
     check_log_prob_batches,
     check_group_size,
+    check_values_have_a_critic,
     check_backends,
     check_loggers,
-    check_wandb_mode,
-    check_schedulers,
-    check_checkpoint,
     check_sampling,
     check_registry_names,
     check_policy_loss,
@@ -723,10 +728,10 @@ CHECKS: Sequence[Check] = (
 )
 
 
-def validate(
-    cfg: Any, strict: bool = True, installed: Optional[Mapping[str, BackendSpec]] = None
-) -> List[ConfigProblem]:
-    """Every problem with `cfg` (a DictConfig from the schema, or a VerlConfig), errors and warnings.
+def validate_and_plan(
+    cfg: Any, strict: bool = True, installed: Optional[Mapping[str, Any]] = None
+) -> Tuple[Optional[Plan], List[ConfigProblem]]:
+    """Every problem with `cfg` (errors and warnings), and its plan when there is no error.
 
     strict: the run starts here, so missing third-party engines and CUDA are errors (not warnings).
     installed: backends by name (default: those installed in this environment).
@@ -734,7 +739,14 @@ def validate(
     cfg = as_config(cfg)
     problems = _load_plugins(cfg)
     ctx = Context(cfg, strict, installed, draft_plan(cfg))
-    return problems + [p for check in CHECKS for p in check(ctx)]
+    problems += [p for check in CHECKS for p in check(ctx)]
+    plan = None if errors(problems) else plan_of(cfg, ctx.draft)
+    return plan, problems
+
+
+def validate(cfg: Any, strict: bool = True, installed: Optional[Mapping[str, Any]] = None) -> List[ConfigProblem]:
+    """Every problem with `cfg` (a DictConfig from the schema, a VerlConfig or a dict), errors and warnings."""
+    return validate_and_plan(cfg, strict, installed)[1]
 
 
 def errors(problems: Sequence[ConfigProblem]) -> List[ConfigProblem]:

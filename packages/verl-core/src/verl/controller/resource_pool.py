@@ -14,18 +14,20 @@ the bundles actually landed, not from the requested node index.
 
 Colocation: worker groups built on the same ResourcePool object share its bundles. Each asks for a fraction of
 every bundle (RayWorkerGroup(resource_fraction=0.5) for two groups), so rank r of each group runs on the same
-device. Ranks are numbered node-major: node 0's devices first, as in verl.placement.
+device. Ranks are numbered node-major: node 0's devices first, as in verl.config.placement.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
 
-from verl.placement import Plan
+if TYPE_CHECKING:
+    from verl.config.plan import Plan
 
 DEVICES = ("cpu", "cuda")
 

@@ -13,24 +13,20 @@ import logging
 import math
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
-from verl.algos import (
-    apply_kl_penalty,
-    compute_advantages,
-    estimator_needs_values,
-    estimator_requires,
-    load_plugins,
-    make_kl_controller,
-)
+from verl.algos import apply_kl_penalty, compute_advantages, estimator_requires, make_kl_controller
 from verl.algos.metrics import data_metrics, rollout_mismatch_metrics
+from verl.config.errors import ConfigError
+from verl.config.loader import load_config
+from verl.config.plan import Plan
+from verl.config.validate import errors, validate_and_plan
 from verl.controller import init_ray, shutdown_ray
 from verl.data.build import make_rl_dataloaders
-from verl.placement import critic_enabled, ref_enabled
 from verl.protocol import DataProto
 from verl.reward import make_reward_manager
 from verl.tracking import Progress, Tracker
@@ -40,6 +36,7 @@ from verl.trainer.timer import StageTimer
 from verl.trainer.warm_start import prepare_model
 from verl.trainer.workers import start_workers
 from verl.utils.rng import get_rng_state, set_rng_state
+from verl.workers.columns import CRITIC_UPDATE, MODEL_INPUTS, PROMPTS, actor_update_columns
 
 logger = logging.getLogger(__name__)
 
@@ -57,30 +54,61 @@ def tokens_in(batch: DataProto) -> int:
     return int(batch.batch["attention_mask"].sum())
 
 
+def resolve_config(config: Any, overrides: Sequence[str] = ()) -> Tuple[DictConfig, Plan]:
+    """A config (a loaded DictConfig, a recipe path, or a plain dict of sections) checked as `verl train` checks
+    it: ConfigError listing every problem at once; warnings are logged. Returns the config and its plan."""
+    if isinstance(config, (str, os.PathLike, Mapping)) and not isinstance(config, DictConfig):
+        config = load_config(config, overrides)
+    elif overrides:
+        raise ValueError("overrides apply to a recipe path or a dict; merge them into a loaded config yourself")
+    plan, problems = validate_and_plan(config, strict=True)
+    for problem in problems:
+        if problem.severity != "error":
+            logger.warning("%s", problem.format())
+    if errors(problems):
+        raise ConfigError(errors(problems))
+    return config, plan
+
+
 class PPOTrainer:
-    def __init__(self, config: Any, reward_fn: Optional[Callable] = None):
+    """PPO/GRPO training on the single controller.
+
+        trainer = PPOTrainer("recipes/grpo_tiny.yaml", overrides=["trainer.total_steps=10"])
+        summary = trainer.fit()
+        trainer.close()
+
+    `config` is a loaded config, a recipe path or a plain dict of sections; it is validated as the CLI does
+    (every problem at once, as a ConfigError) unless the caller passes the `plan` it already made from it.
+    """
+
+    def __init__(
+        self,
+        config: Any,
+        reward_fn: Optional[Callable] = None,
+        *,
+        overrides: Sequence[str] = (),
+        plan: Optional[Plan] = None,
+    ):
+        if plan is None:
+            config, plan = resolve_config(config, overrides)
         self.cfg = cfg = config
-        load_plugins(cfg.trainer.plugins)  # user registrations (estimators, losses, rewards) before any lookup
         self.started_ray = False
         if cfg.trainer.controller == "ray":
             # A local cluster gets at least one CPU per placed device (a CPU run places worker processes).
-            devices = cfg.placement.nnodes * cfg.placement.devices_per_node
             local = not os.environ.get("RAY_ADDRESS")
-            self.started_ray = init_ray(num_cpus=max(os.cpu_count() or 1, devices) if local else None)
+            self.started_ray = init_ray(num_cpus=max(os.cpu_count() or 1, plan.world_size) if local else None)
         self.output_dir = cfg.trainer.output_dir
         self.model_path = prepare_model(cfg)
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        tokenizer_path = cfg.model.tokenizer_path or self.model_path
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         self.train_loader, self.val_loader = make_rl_dataloaders(cfg.data, self.tokenizer, seed=cfg.trainer.seed)
-        self.total_steps = cfg.trainer.total_steps or len(self.train_loader) * cfg.trainer.total_epochs
+        total_steps = cfg.trainer.total_steps or len(self.train_loader) * cfg.trainer.total_epochs
+        self.plan = plan = plan.with_total_steps(total_steps)
+        self.total_steps = total_steps
         self.reward = make_reward_manager(cfg.reward, self.tokenizer, reward_fn=reward_fn)
-        self.use_ref = ref_enabled(cfg)
-        self.use_critic = critic_enabled(cfg)
-        if estimator_needs_values(cfg.algorithm.adv_estimator) and not self.use_critic:
-            raise ValueError(
-                f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs values: set critic.enable=true"
-            )
+        self.use_ref, self.use_critic = plan.has("ref"), plan.has("critic")
         self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl) if cfg.algorithm.use_kl_in_reward else None
         ckpt_dir = cfg.checkpoint.dir or os.path.join(self.output_dir, "checkpoints")
         self.checkpoints = CheckpointManager(ckpt_dir, keep_last=cfg.checkpoint.keep_last)
@@ -89,18 +117,12 @@ class PPOTrainer:
             run_config=OmegaConf.to_container(cfg, resolve=True),
             log_dir=cfg.tracking.log_dir or os.path.join(self.output_dir, "logs"),
         )
-        self.workers = start_workers(cfg, model_path=self.model_path, total_steps=self.optimizer_steps())
-        self.dp = self.workers.actor_rollout.world_size
-        self.max_response_length = cfg.rollout.max_new_tokens or cfg.data.max_response_length
+        self.workers = start_workers(cfg, plan, model_path=self.model_path, tokenizer_path=cfg.model.tokenizer_path)
+        self.dp = plan.layout("rollout").dp  # validation pads its prompts to a multiple of this
+        self.train_dp = self.workers.actor_rollout.world_size
         self.step = 0
         self.rollouts = 0  # generate() calls: part of every uid, so groups of different batches never merge
         self.val_history: List[Dict[str, float]] = []
-
-    def optimizer_steps(self) -> int:
-        """Optimizer steps over the run (what the LR schedule spans)."""
-        a = self.cfg.actor
-        per_step = a.ppo_epochs * (self.cfg.data.train_batch_size // a.ppo_mini_batch_size)
-        return max(1, self.total_steps * per_step)
 
     # ---- the stages of one step ---------------------------------------------------------------------
     def generate(self, prompts: DataProto) -> DataProto:
@@ -108,18 +130,20 @@ class PPOTrainer:
         self.rollouts += 1
         uids = [f"{self.step}-{self.rollouts}-{i}" for i in range(len(prompts))]
         prompts.non_tensor_batch["uid"] = np.array(uids, dtype=object)
-        prompts.meta_info.update(n=self.cfg.rollout.n, greedy=False)
-        batch = self.workers.actor_rollout.generate(prompts)
+        batch = self.sample(prompts, n=self.cfg.rollout.n)
         if "reward_baselines" in estimator_requires(self.cfg.algorithm.adv_estimator):
             batch.batch["reward_baselines"] = self.greedy_baselines(prompts)
         return batch
 
+    def sample(self, prompts: DataProto, n: int, temperature: Optional[float] = None) -> DataProto:
+        """n responses per prompt (samples of a prompt adjacent). Only the prompt tensors travel to the workers;
+        the text columns (raw prompts, ground truths, uids) stay here and are repeated alongside."""
+        out = self.workers.actor_rollout.generate(prompts.select(PROMPTS, []), n=n, temperature=temperature)
+        return out.union(prompts.select([], None).repeat(n, interleave=True))
+
     def greedy_baselines(self, prompts: DataProto) -> torch.Tensor:
         """ReMax's baseline: the reward of each prompt's greedy response, repeated for its n samples."""
-        greedy = DataProto.from_dict(
-            dict(prompts.batch.items()), dict(prompts.non_tensor_batch), {"n": 1, "greedy": True}
-        )
-        scores, _ = self.reward(self.workers.actor_rollout.generate(greedy))
+        scores, _ = self.reward(self.sample(prompts, n=1, temperature=0.0))
         return scores.sum(-1).repeat_interleave(self.cfg.rollout.n)
 
     def score(self, batch: DataProto) -> Dict[str, float]:
@@ -127,7 +151,7 @@ class PPOTrainer:
         batch.batch["token_level_scores"] = scores
         overlong = self.cfg.algorithm.overlong_buffer
         if overlong.enable:
-            metrics["reward/overlong_penalty_mean"] = add_overlong_penalty(batch, overlong, self.max_response_length)
+            metrics["reward/overlong_penalty_mean"] = add_overlong_penalty(batch, overlong, self.plan.response_length)
         return metrics
 
     def dynamic_sampling(self, batch: DataProto) -> Tuple[DataProto, Dict[str, float]]:
@@ -147,7 +171,7 @@ class PPOTrainer:
             tries += 1
         # Whole groups, and a number of rows every data-parallel rank can split evenly.
         groups = min(have, want)
-        groups -= groups % max(1, self.dp // math.gcd(self.dp, n))
+        groups -= groups % max(1, self.train_dp // math.gcd(self.train_dp, n))
         if groups == 0:
             raise RuntimeError(
                 f"dynamic sampling kept no prompt group with differing rewards in {tries} rollout batches "
@@ -161,11 +185,11 @@ class PPOTrainer:
         return first_groups(parts, n, groups), metrics
 
     def compute_log_probs(self, batch: DataProto) -> DataProto:
-        batch = batch.union(self.workers.actor_rollout.compute_log_prob(batch))
-        if self.use_ref:
-            batch = batch.union(self.workers.actor_rollout.compute_ref_log_prob(batch))
+        """Old (and reference) log-probs in one call to the actor's workers; values from the critic's."""
+        inputs = batch.select(MODEL_INPUTS, [])
+        batch = batch.union(self.workers.actor_rollout.compute_log_probs(inputs))
         if self.use_critic:
-            batch = batch.union(self.workers.critic.compute_values(batch))
+            batch = batch.union(self.workers.critic.compute_values(inputs))
         return batch
 
     def compute_advantages(self, batch: DataProto) -> Dict[str, float]:
@@ -195,21 +219,14 @@ class PPOTrainer:
         return metrics
 
     def update(self, batch: DataProto) -> Dict[str, float]:
+        """Critic, then actor updates; the actor's ends with the weight sync into the rollout (its metrics:
+        perf/weight_sync_bytes and perf/weight_sync_comm_bytes summed over ranks, timing/weight_sync_s)."""
         metrics: Dict[str, float] = {}
         if self.use_critic:
-            metrics.update(_prefixed("critic", _mean_over_ranks(self.workers.critic.update_critic(batch))))
-        metrics.update(_prefixed("actor", _mean_over_ranks(self.workers.actor_rollout.update_actor(batch))))
+            metrics.update(_mean_over_ranks(self.workers.critic.update_critic(batch.select(CRITIC_UPDATE, []))))
+        actor_batch = batch.select(actor_update_columns(self.cfg), [])
+        metrics.update(_mean_over_ranks(self.workers.actor_rollout.update_actor(actor_batch)))
         return metrics
-
-    def sync_weights(self) -> Dict[str, float]:
-        """Actor -> rollout weights: bytes the rollouts loaded and bytes exchanged between ranks to assemble them
-        (all ranks summed), and the slowest rank's seconds."""
-        per_rank = self.workers.actor_rollout.sync_weights()
-        return {
-            "perf/weight_sync_bytes": sum(r["bytes"] for r in per_rank),
-            "perf/weight_sync_comm_bytes": sum(r["comm_bytes"] for r in per_rank),
-            "timing/weight_sync_s": max(r["seconds"] for r in per_rank),
-        }
 
     # ---- one step, validation, checkpoints ----------------------------------------------------------
     def train_step(self, prompts: DataProto) -> Dict[str, float]:
@@ -231,8 +248,6 @@ class PPOTrainer:
             metrics.update(self.compute_advantages(batch))
         with timer("update"):
             metrics.update(self.update(batch))
-        with timer("sync"):
-            metrics.update(self.sync_weights())
         step_s = time.perf_counter() - start
         metrics.update(
             data_metrics(
@@ -250,14 +265,14 @@ class PPOTrainer:
         return metrics
 
     def validate(self) -> Dict[str, float]:
-        """Greedy decoding on the held-out set; val/accuracy is the fraction of samples scored > 0."""
+        """One response per held-out prompt at rollout.val_temperature (0: greedy); val/accuracy is the fraction
+        of samples scored > 0."""
         if self.val_loader is None:
             return {}
         scores: List[torch.Tensor] = []
         for prompts in self.val_loader:
             prompts, pad = pad_to_multiple(prompts, self.dp)
-            prompts.meta_info.update(n=1, greedy=True)
-            out = self.workers.actor_rollout.generate(prompts)
+            out = self.sample(prompts, n=1, temperature=self.cfg.rollout.val_temperature)
             if pad:
                 out = out[list(range(len(out) - pad))]
             seq_scores, _ = self.reward(out)
@@ -356,10 +371,6 @@ def _mean_over_ranks(per_rank: Any) -> Dict[str, float]:
         return per_rank
     keys = per_rank[0].keys()
     return {k: float(np.mean([r[k] for r in per_rank])) for k in keys}
-
-
-def _prefixed(prefix: str, metrics: Dict[str, float]) -> Dict[str, float]:
-    return {f"{prefix}/{k}": v for k, v in metrics.items()}
 
 
 def format_summary(name: str, s: Dict[str, Any]) -> str:

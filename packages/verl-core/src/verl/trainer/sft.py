@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
@@ -29,6 +29,7 @@ class SFTConfig:
     model_path: str
     files: List[str]
     output_dir: str  # the Hugging Face folder written at the end
+    tokenizer_path: Optional[str] = None  # None: the model's own
     steps: int = 200
     batch_size: int = 64
     max_length: int = 64
@@ -89,7 +90,7 @@ def run_sft(cfg: SFTConfig) -> Dict[str, float]:
     """Train for cfg.steps and write the model to cfg.output_dir; returns the last metrics."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_path or cfg.model_path)
     data = SFTDataset(cfg.files, tokenizer, max_length=cfg.max_length)
     sampler = ResumableSampler(len(data), batch_size=cfg.batch_size, shuffle=True, seed=cfg.seed)
     loader = DataLoader(data, sampler, functools.partial(collate_sft, pad_id=tokenizer.pad_token_id))

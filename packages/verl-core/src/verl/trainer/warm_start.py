@@ -23,6 +23,8 @@ def prepare_model(cfg: Any) -> str:
     if ws is None:
         return base
     settings = {"base": os.path.abspath(base), **OmegaConf.to_container(ws, resolve=True)}
+    if cfg.model.tokenizer_path:  # (only when set: the cache keys of earlier runs stay valid)
+        settings["tokenizer"] = os.path.abspath(cfg.model.tokenizer_path)
     final = cache_root() / "warm-start" / f"{Path(base).name}-sft-{settings_hash(settings)}"
 
     def write(folder: Path) -> None:
@@ -30,6 +32,7 @@ def prepare_model(cfg: Any) -> str:
         run_sft(
             SFTConfig(
                 model_path=base,
+                tokenizer_path=cfg.model.tokenizer_path,
                 files=list(ws.files),
                 output_dir=str(folder),
                 steps=ws.steps,

@@ -1,22 +1,26 @@
 """ActorRolloutRefWorker: the actor, its rollout engine and the reference model in one process.
 
 Colocating them is the hybrid engine: the rollout generates with the actor's weights (shared, or synced
-per tensor after each update) and the reference sits beside them. Which roles a worker holds comes from
-the recipe's placement; methods for absent roles raise a clear error.
+per tensor after each update) and the reference sits beside them. Which roles a worker holds, their
+backends, layouts and batch sizes come from the run's plan; methods for absent roles raise a clear error.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import torch
+import torch.distributed as dist
 
+from verl.config.plan import Plan
 from verl.controller import Dispatch, Worker, register
 from verl.protocol import DataProto
 from verl.workers.engines import rollout_engine, train_engine
 from verl.workers.losses import actor_loss_fn
 from verl.workers.setup import quiet_libraries, set_threads
+
+ROLES = ("actor", "rollout", "ref")
 
 
 def run_minibatches(
@@ -34,9 +38,19 @@ def run_minibatches(
 
 
 class ActorRolloutRefWorker(Worker):
-    def __init__(self, config: Any, roles: Sequence[str], model_path: str, total_steps: int):
+    def __init__(
+        self,
+        config: Any,
+        plan: Plan,
+        model_path: str,
+        tokenizer_path: Optional[str] = None,
+        roles: Optional[Sequence[str]] = None,
+    ):
+        """roles: which of the plan's actor, rollout and ref this worker holds (default: every one planned)."""
         super().__init__()
-        self.cfg, self.roles, self.model_path, self.total_steps = config, list(roles), model_path, total_steps
+        self.cfg, self.plan, self.model_path = config, plan, model_path
+        self.tokenizer_path = tokenizer_path or model_path
+        self.roles = [r for r in ROLES if plan.has(r) and (roles is None or r in roles)]
         self.actor = self.rollout = self.ref = None
 
     def _need(self, role: str) -> Any:
@@ -52,92 +66,96 @@ class ActorRolloutRefWorker(Worker):
         self.init_distributed("gloo" if self.cfg.placement.device == "cpu" else "nccl")
         from transformers import AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        plan = self.plan
+        self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         if "actor" in self.roles:
             self.actor = train_engine(
-                self.cfg, "actor", model_path=self.model_path, total_steps=self.total_steps, optimize=True
+                self.cfg,
+                plan.role("actor"),
+                model_path=self.model_path,
+                total_steps=plan.optimizer_steps("actor"),
+                optimize=True,
             )
         if "rollout" in self.roles:
             self.rollout = rollout_engine(
-                self.cfg, model_path=self.model_path, tokenizer=self.tokenizer, actor=self.actor
+                self.cfg, plan, model_path=self.model_path, tokenizer=self.tokenizer, actor=self.actor
             )
         if "ref" in self.roles:
-            self.ref = train_engine(self.cfg, "ref", model_path=self.model_path, total_steps=1, optimize=False)
+            self.ref = train_engine(self.cfg, plan.role("ref"), model_path=self.model_path, total_steps=1, optimize=False)
         engine = self.actor or self.ref
         if engine is not None:  # batches are split by the train engine's data-parallel layout
             self.set_dispatch_info(*engine.data_parallel_info())
         if self.rollout is not None:
-            # Generation has its own layout (the placement plan's rollout order, tp fastest): `tp` consecutive ranks
-            # form one generation group (vLLM's and SGLang's own grouping), get the same prompts, and its first rank
-            # returns the results. E.g. a TP=2 megatron actor on 2 ranks feeds two TP=1 rollouts, each generating
-            # half of the prompts; an FSDP actor on 2 ranks feeds one vLLM engine with TP=2.
-            tp = self._rollout_tp()
-            if self.world_size % tp:
-                raise ValueError(f"rollout.parallel.tp={tp} does not divide this pool's {self.world_size} ranks")
-            self.set_dispatch_info(self.rank // tp, self.world_size // tp, self.rank % tp == 0, mesh="rollout")
-
-    def _rollout_tp(self) -> int:
-        return int(self.cfg.rollout.parallel.tp or 1)
+            # Generation has its own layout (the plan's rollout order, tp fastest): `tp` consecutive ranks form one
+            # generation group (vLLM's and SGLang's own grouping), get the same prompts, and its first rank returns
+            # the results. E.g. a TP=2 megatron actor on 2 ranks feeds two TP=1 rollouts, each generating half of
+            # the prompts; an FSDP actor on 2 ranks feeds one vLLM engine with TP=2.
+            layout = plan.layout("rollout")
+            coords = layout.coords(self.rank)
+            self.set_dispatch_info(coords.dp, layout.dp, coords.tp == 0, mesh="rollout")
 
     @register(Dispatch.DP_COMPUTE, mesh="rollout")
-    def generate(self, prompts: DataProto) -> DataProto:
-        greedy = bool(prompts.meta_info.get("greedy", False))
-        n = int(prompts.meta_info.get("n", 1))
-        return self._need("rollout").generate(prompts, n=n, greedy=greedy)
+    def generate(self, prompts: DataProto, n: int = 1, temperature: Optional[float] = None) -> DataProto:
+        """n samples per prompt at `temperature` (None: rollout.temperature; 0: greedy)."""
+        return self._need("rollout").generate(prompts, n=n, temperature=temperature)
 
     @register(Dispatch.DP_COMPUTE)
-    def compute_log_prob(self, batch: DataProto) -> DataProto:
-        """old_log_probs under the current actor (entropy is measured in the update, where it is used)."""
-        out = self._need("actor").infer(
-            batch,
-            micro_batch_size=self.cfg.actor.log_prob_micro_batch_size_per_device,
-            temperature=self.cfg.rollout.temperature or 1.0,
-        )
-        return DataProto.from_dict({"old_log_probs": out.batch["log_probs"]})
-
-    @register(Dispatch.DP_COMPUTE)
-    def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
-        out = self._need("ref").infer(
-            batch,
-            micro_batch_size=self.cfg.ref.log_prob_micro_batch_size_per_device,
-            temperature=self.cfg.rollout.temperature or 1.0,
-        )
-        return DataProto.from_dict({"ref_log_probs": out.batch["log_probs"]})
+    def compute_log_probs(self, batch: DataProto) -> DataProto:
+        """old_log_probs under the current actor, and ref_log_probs when this worker holds the reference: one
+        call for both (entropy is measured in the update, where it is used)."""
+        plan, out = self.plan, {}
+        if self.actor is not None:
+            infer = self.actor.infer(batch, micro_batch_size=plan.role("actor").micro_batch, temperature=plan.temperature)
+            out["old_log_probs"] = infer.batch["log_probs"]
+        if self.ref is not None:
+            infer = self.ref.infer(batch, micro_batch_size=plan.role("ref").micro_batch, temperature=plan.temperature)
+            out["ref_log_probs"] = infer.batch["log_probs"]
+        return DataProto.from_dict(out)
 
     @register(Dispatch.DP_COMPUTE)
     def update_actor(self, batch: DataProto) -> Dict[str, float]:
+        """The actor's PPO update on this rank's rows, then the weight sync into the colocated rollout."""
         if self.rollout is not None:  # the hybrid engine: no generation memory held while the actor trains
             self.rollout.sleep()
-        a = self.cfg.actor
-        dp = self.dispatch_info()["dp_size"]
+        a, actor = self.cfg.actor, self.plan.role("actor")
         metrics = run_minibatches(
             self._need("actor"),
             batch,
-            mini_rows=max(1, a.ppo_mini_batch_size * self.cfg.rollout.n // dp),
-            epochs=a.ppo_epochs,
-            micro_rows=a.ppo_micro_batch_size_per_device,
+            mini_rows=actor.rows_per_rank,
+            epochs=actor.train.epochs,
+            micro_rows=actor.train.micro,
             loss_fn=actor_loss_fn(a),
-            temperature=self.cfg.rollout.temperature or 1.0,
+            temperature=self.plan.temperature,
             entropy=True,
             entropy_grad=bool(a.entropy_coeff),  # fused kernels skip the entropy gradient when it is only logged
         )
+        metrics = {f"actor/{k}": v for k, v in metrics.items()}
+        if self.rollout is not None:
+            metrics.update(self._sync_weights())
         return metrics
 
-    @register(Dispatch.ONE_TO_ALL)
-    def sync_weights(self) -> Dict[str, float]:
-        """Push the actor's new weights into the rollout engine, in the rollout's layout.
+    def _sync_weights(self) -> Dict[str, float]:
+        """Push the actor's new weights into the rollout engine, in the rollout's layout; the pool's totals.
 
-        bytes: what the rollout loaded; comm_bytes: what reached this rank from other ranks to assemble it
-        (tensor-parallel gathers, pipeline broadcasts); seconds: the whole sync on this rank."""
+        perf/weight_sync_bytes: what the rollouts loaded; perf/weight_sync_comm_bytes: what reached the ranks
+        from other ranks to assemble them (tensor-parallel gathers, pipeline broadcasts), both summed over the
+        pool's ranks; timing/weight_sync_s: the slowest rank's whole sync."""
         start = time.perf_counter()
         actor, rollout = self._need("actor"), self._need("rollout")
         # Full tensors, one at a time: every rollout engine slices its own tensor-parallel shard while loading.
         moved = rollout.update_weights(actor.weights())
         stats = getattr(actor, "last_sync", None)
+        totals = torch.tensor([float(moved), float(getattr(stats, "received_bytes", 0))], dtype=torch.float64)
+        seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+            totals, seconds = totals.to(device), seconds.to(device)
+            dist.all_reduce(totals)
+            dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
         return {
-            "bytes": float(moved),
-            "comm_bytes": float(getattr(stats, "received_bytes", 0)),
-            "seconds": time.perf_counter() - start,
+            "perf/weight_sync_bytes": float(totals[0]),
+            "perf/weight_sync_comm_bytes": float(totals[1]),
+            "timing/weight_sync_s": float(seconds[0]),
         }
 
     @register(Dispatch.ONE_TO_ALL)
@@ -150,7 +168,7 @@ class ActorRolloutRefWorker(Worker):
         if self.actor is not None:
             self.actor.load_checkpoint(f"{path}/actor")
             if self.rollout is not None:  # a rollout with its own copy must generate with the restored weights
-                self.sync_weights()
+                self._sync_weights()
 
     @register(Dispatch.ONE_TO_ALL)
     def export_hf(self, path: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict
 
+from verl.config.plan import Plan
 from verl.controller import Dispatch, Worker, register
 from verl.protocol import DataProto
 from verl.workers.actor_rollout_ref import run_minibatches
@@ -13,9 +14,11 @@ from verl.workers.setup import quiet_libraries, set_threads
 
 
 class CriticWorker(Worker):
-    def __init__(self, config: Any, model_path: str, total_steps: int):
+    def __init__(self, config: Any, plan: Plan, model_path: str):
+        """model_path: the run's model; critic.model_path (in the plan) replaces it when set."""
         super().__init__()
-        self.cfg, self.model_path, self.total_steps = config, model_path, total_steps
+        self.cfg, self.plan = config, plan
+        self.model_path = plan.role("critic").model_path or model_path
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -23,28 +26,31 @@ class CriticWorker(Worker):
         set_threads(None)
         self.init_distributed("gloo" if self.cfg.placement.device == "cpu" else "nccl")
         self.engine = train_engine(
-            self.cfg, "critic", model_path=self.model_path, total_steps=self.total_steps, optimize=True
+            self.cfg,
+            self.plan.role("critic"),
+            model_path=self.model_path,
+            total_steps=self.plan.optimizer_steps("critic"),  # the critic's own mini-batches and epochs
+            optimize=True,
         )
         self.set_dispatch_info(*self.engine.data_parallel_info())
 
     @register(Dispatch.DP_COMPUTE)
     def compute_values(self, batch: DataProto) -> DataProto:
-        out = self.engine.infer(batch, micro_batch_size=self.cfg.critic.ppo_micro_batch_size_per_device)
+        out = self.engine.infer(batch, micro_batch_size=self.plan.role("critic").micro_batch)
         return DataProto.from_dict({"values": out.batch["values"]})
 
     @register(Dispatch.DP_COMPUTE)
     def update_critic(self, batch: DataProto) -> Dict[str, float]:
-        c, a = self.cfg.critic, self.cfg.actor
-        dp = self.dispatch_info()["dp_size"]
-        mini = c.ppo_mini_batch_size or a.ppo_mini_batch_size
-        return run_minibatches(
+        critic = self.plan.role("critic")
+        metrics = run_minibatches(
             self.engine,
             batch,
-            mini_rows=max(1, mini * self.cfg.rollout.n // dp),
-            epochs=c.ppo_epochs or a.ppo_epochs,
-            micro_rows=c.ppo_micro_batch_size_per_device,
-            loss_fn=critic_loss_fn(c),
+            mini_rows=critic.rows_per_rank,
+            epochs=critic.train.epochs,
+            micro_rows=critic.train.micro,
+            loss_fn=critic_loss_fn(self.cfg.critic),
         )
+        return {f"critic/{k}": v for k, v in metrics.items()}
 
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
@@ -53,3 +59,10 @@ class CriticWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
         self.engine.load_checkpoint(f"{path}/critic")
+
+    @register(Dispatch.ONE_TO_ALL)
+    def engine_state(self) -> Dict[str, Any]:
+        """The engine's learning rate and full parameters (rank 0's copy is complete), for tests."""
+        opt = getattr(self.engine, "optimizer", None)
+        lr = float(opt.param_groups[0]["lr"]) if opt is not None else None
+        return {"lr": lr, "weights": {k: v.cpu().clone() for k, v in self.engine.weights()}}

@@ -1,4 +1,4 @@
-"""The placement plan: which node, device and rank holds which role, and each role's parallel layout.
+"""Placement: which node, device and rank holds which role, and each role's parallel layout.
 
 Devices are numbered node-major (node 0 devices 0..D-1, then node 1 ...); a device's number is its
 global rank, since every device runs one worker process. `placement.pools` hands out devices in order:
@@ -106,7 +106,7 @@ def role_parallel(cfg: DictConfig, role: str) -> Dict[str, Optional[int]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The plan's parts
+# Pools and layouts
 # ---------------------------------------------------------------------------------------------
 
 
@@ -164,6 +164,10 @@ class Layout:
     def world(self) -> int:
         return self.tp * self.pp * self.cp * self.dp
 
+    def sizes(self) -> Dict[str, Optional[int]]:
+        """The parallel sizes as a dict (what a backend's model description takes)."""
+        return {"tp": self.tp, "pp": self.pp, "vpp": self.vpp, "cp": self.cp, "ep": self.ep, "dp": self.dp}
+
     @property
     def model_parallel(self) -> int:
         """Devices that hold one copy of the model (tp * pp * cp)."""
@@ -193,149 +197,8 @@ class Layout:
         return tuple(a for a in AXES if a in base or getattr(self, a) > 1)
 
 
-@dataclass(frozen=True)
-class TrainBatch:
-    """One optimizer mini-batch of a training role (actor or critic), split over its DP ranks."""
-
-    role: str
-    prompts: int  # data.train_batch_size
-    mini_prompts: int
-    n: int
-    dp: Optional[int]  # None when the role's layout did not resolve (the prompt arithmetic still holds)
-    micro: int  # samples per forward/backward on one device
-    epochs: int
-
-    @property
-    def mini_samples(self) -> int:
-        return self.mini_prompts * self.n
-
-    @property
-    def mini_batches(self) -> Optional[int]:
-        return self.prompts // self.mini_prompts if self.prompts % self.mini_prompts == 0 else None
-
-    @property
-    def per_rank(self) -> Optional[int]:
-        """Samples of one mini-batch on one DP rank; None when they do not split evenly (or dp is unknown)."""
-        if self.dp is None or self.mini_samples % self.dp:
-            return None
-        return self.mini_samples // self.dp
-
-    @property
-    def micro_batches(self) -> Optional[int]:
-        """Gradient-accumulation steps per mini-batch on one rank; None when uneven."""
-        per_rank = self.per_rank
-        return per_rank // self.micro if per_rank is not None and per_rank % self.micro == 0 else None
-
-
-@dataclass(frozen=True)
-class LogProbPass:
-    """A forward pass over every sample of a step (old/ref log-probs, values)."""
-
-    role: str
-    samples: int
-    dp: int
-    micro: int
-
-    @property
-    def per_rank(self) -> Optional[int]:
-        return self.samples // self.dp if self.samples % self.dp == 0 else None
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    prompts: int  # data.train_batch_size
-    n: int  # rollout.n
-    rollout_dp: Optional[int]
-    train: Tuple[TrainBatch, ...]
-    log_prob: Tuple[LogProbPass, ...]
-
-    @property
-    def samples(self) -> int:
-        return self.prompts * self.n
-
-    @property
-    def prompts_per_replica(self) -> Optional[int]:
-        """Prompts one rollout DP replica generates for; None when they do not split evenly."""
-        if self.rollout_dp is None or self.prompts % self.rollout_dp:
-            return None
-        return self.prompts // self.rollout_dp
-
-    def train_of(self, role: str) -> Optional[TrainBatch]:
-        return next((t for t in self.train if t.role == role), None)
-
-
-@dataclass(frozen=True)
-class Plan:
-    nnodes: int
-    devices_per_node: int
-    device: str
-    pools: Tuple[Pool, ...]
-    layouts: Tuple[Layout, ...]  # one per enabled role, in ROLES order
-    batch: Optional[BatchPlan]  # None when the batch sizes are unset
-
-    @property
-    def world_size(self) -> int:
-        return self.nnodes * self.devices_per_node
-
-    @property
-    def roles(self) -> Tuple[str, ...]:
-        return tuple(layout.role for layout in self.layouts)
-
-    def layout(self, role: str) -> Layout:
-        for layout in self.layouts:
-            if layout.role == role:
-                return layout
-        raise KeyError(f"role '{role}' is not in this plan (roles: {', '.join(self.roles)})")
-
-    def pool(self, role: str) -> Pool:
-        name = self.layout(role).pool
-        return next(p for p in self.pools if p.name == name)
-
-    def location(self, rank: int) -> Tuple[int, int]:
-        """(node, device on that node) of a global rank."""
-        return divmod(rank, self.devices_per_node)
-
-    def coords(self, rank: int) -> Tuple[Coords, ...]:
-        """Every role's coordinates on a global rank (colocated roles share it)."""
-        return tuple(
-            layout.coords(rank - layout.first_rank)
-            for layout in self.layouts
-            if layout.first_rank <= rank < layout.first_rank + layout.world
-        )
-
-    def role_coords(self, rank: int, role: str) -> Optional[Coords]:
-        return next((c for c in self.coords(rank) if c.role == role), None)
-
-    def rollout_groups_per_actor_group(self) -> Optional[int]:
-        """HybridFlow's micro-DP: rollout replicas inside one actor TP*PP group, when colocated with megatron."""
-        if "rollout" not in self.roles or self.pool("rollout") != self.pool("actor"):
-            return None
-        actor, rollout = self.layout("actor"), self.layout("rollout")
-        if actor.backend != "megatron" or (actor.tp * actor.pp) % rollout.tp:
-            return None
-        return actor.tp * actor.pp // rollout.tp
-
-
-@dataclass(frozen=True)
-class Draft:
-    """Whatever could be placed, even when other parts of the placement are wrong (validation reads it)."""
-
-    roles: Tuple[str, ...]  # enabled roles
-    role_pool: Tuple[Tuple[str, str], ...]  # (role, pool name) for each enabled role found in a pool
-    pools: Tuple[Pool, ...]  # pools whose device range resolved
-    layouts: Tuple[Layout, ...]  # roles whose layout fits their pool
-    batch: Optional[BatchPlan]
-    problems: Tuple[ConfigProblem, ...]
-
-    def pool_of(self, role: str) -> Optional[str]:
-        return dict(self.role_pool).get(role)
-
-    def layout(self, role: str) -> Optional[Layout]:
-        return next((layout for layout in self.layouts if layout.role == role), None)
-
-
 # ---------------------------------------------------------------------------------------------
-# Building the plan
+# Resolving them from the config
 # ---------------------------------------------------------------------------------------------
 
 
@@ -534,7 +397,7 @@ def resolve_sequence_parallel(setting: Optional[bool], tp: int) -> bool:
     return tp > 1 if setting is None else bool(setting)
 
 
-def _layouts(
+def resolve_layouts(
     cfg: DictConfig, role_pool: Sequence[Tuple[str, str]], pools: Sequence[Tuple[str, int, int]]
 ) -> Tuple[Tuple[Layout, ...], List[ConfigProblem]]:
     by_name = {p[0]: p for p in pools}
@@ -560,194 +423,3 @@ def _layouts(
 
 def _has_layout(layouts: Sequence[Layout], role: str) -> bool:
     return any(layout.role == role for layout in layouts)
-
-
-def _positive(cfg: DictConfig, key: str, default_key: Optional[str] = None) -> Optional[int]:
-    v = value(cfg, key)
-    if v is None and default_key is not None:
-        v = value(cfg, default_key)
-    return v if isinstance(v, int) and v >= 1 else None
-
-
-def batch_plan(cfg: DictConfig, layouts: Sequence[Layout]) -> Optional[BatchPlan]:
-    """The step's batch arithmetic over the given layouts; None when the batch sizes are unset or not positive.
-
-    Entries whose numbers are unset or not positive are left out (validation reports those).
-    """
-    prompts, n = _positive(cfg, "data.train_batch_size"), _positive(cfg, "rollout.n")
-    if prompts is None or n is None:
-        return None
-    dps = {layout.role: layout.dp for layout in layouts}
-    train = []
-    for role in ("actor", "critic"):
-        mini = _positive(cfg, f"{role}.ppo_mini_batch_size", "actor.ppo_mini_batch_size")
-        micro = _positive(cfg, f"{role}.ppo_micro_batch_size_per_device")
-        epochs = _positive(cfg, f"{role}.ppo_epochs", "actor.ppo_epochs")
-        enabled = role == "actor" or critic_enabled(cfg)
-        if enabled and None not in (mini, micro, epochs):
-            train.append(TrainBatch(role, prompts, mini, n, dps.get(role), micro, epochs))
-    log_prob = []
-    micro_keys = {
-        "actor": "actor.log_prob_micro_batch_size_per_device",
-        "ref": "ref.log_prob_micro_batch_size_per_device",
-        "critic": "critic.ppo_micro_batch_size_per_device",  # the critic's value pass
-    }
-    for role, micro_key in micro_keys.items():
-        micro = _positive(cfg, micro_key)
-        if role in dps and micro is not None:
-            log_prob.append(LogProbPass(role, prompts * n, dps[role], micro))
-    return BatchPlan(prompts, n, dps.get("rollout"), tuple(train), tuple(log_prob))
-
-
-def draft_plan(cfg: Any) -> Draft:
-    """Place what can be placed and collect the placement problems (every one, not just the first)."""
-    cfg = as_config(cfg)
-    roles = enabled_roles(cfg)
-    pools, problems = resolve_pools(cfg)
-    role_pool, found = assign_roles(cfg, roles)
-    layouts, layout_problems = _layouts(cfg, role_pool, pools)
-    pool_objs = tuple(
-        Pool(name, tuple(r for r, p in role_pool if p == name), first, size) for name, first, size in pools
-    )
-    return Draft(
-        roles, role_pool, pool_objs, layouts, batch_plan(cfg, layouts), tuple(problems + found + layout_problems)
-    )
-
-
-def make_plan(cfg: Any) -> Tuple[Optional[Plan], List[ConfigProblem]]:
-    """The plan, or None when the placement has errors; the placement problems either way."""
-    cfg = as_config(cfg)
-    draft = draft_plan(cfg)
-    problems = list(draft.problems)
-    if any(p.severity == "error" for p in problems):
-        return None, problems
-    plan = Plan(
-        nnodes=value(cfg, "placement.nnodes"),
-        devices_per_node=value(cfg, "placement.devices_per_node"),
-        device=str(value(cfg, "placement.device")),
-        pools=draft.pools,
-        layouts=draft.layouts,
-        batch=draft.batch,
-    )
-    return plan, problems
-
-
-# ---------------------------------------------------------------------------------------------
-# Printing the plan
-# ---------------------------------------------------------------------------------------------
-
-
-def _count(n: int, word: str) -> str:
-    """'1 device', '2 devices', '2 micro-batches'."""
-    if n == 1:
-        return f"{n} {word}"
-    return f"{n} {word}{'es' if word.endswith('ch') else 's'}"
-
-
-def _node_span(pool: Pool, devices_per_node: int) -> str:
-    first, last = pool.nodes(devices_per_node)
-    return f"node {first}" if first == last else f"nodes {first}-{last}"
-
-
-def _sizes(layout: Layout) -> str:
-    if layout.role == "rollout":
-        text = f"TP={layout.tp} DP={layout.dp}"
-    else:
-        text = f"TP={layout.tp}{'+SP' if layout.sequence_parallel else ''} PP={layout.pp} CP={layout.cp} DP={layout.dp}"
-    if layout.vpp is not None:
-        text += f" VPP={layout.vpp}"
-    if layout.ep > 1:
-        text += f" EP={layout.ep}"
-    return text
-
-
-def _role_lines(plan: Plan) -> List[str]:
-    rows = []
-    for layout in plan.layouts:
-        pool = plan.pool(layout.role)
-        where = f"{_count(pool.size, 'device')} in pool '{pool.name}' ({_node_span(pool, plan.devices_per_node)})"
-        rows.append([layout.role, layout.backend, _sizes(layout), where])
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = ["  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows]
-    groups = plan.rollout_groups_per_actor_group()
-    if groups is not None:
-        actor, rollout = plan.layout("actor"), plan.layout("rollout")
-        lines.append(
-            f"hybrid engine: each actor TP*PP group ({actor.tp}*{actor.pp} = {actor.tp * actor.pp} devices) "
-            f"holds {groups} rollout replicas of TP={rollout.tp} (micro-DP = {actor.tp * actor.pp}/{rollout.tp})"
-        )
-    return lines
-
-
-def _ratio(total: int, parts: int, per: Optional[int]) -> str:
-    return str(per) if per is not None else f"{total}/{parts} (does not divide)"
-
-
-def _batch_lines(batch: BatchPlan) -> List[str]:
-    lines = [f"batch: {_count(batch.prompts, 'prompt')} x {_count(batch.n, 'sample')} = {batch.samples} samples/step"]
-    if batch.rollout_dp is not None:
-        per = batch.prompts_per_replica
-        tail = f" x {batch.n} = {per * batch.n} samples" if per is not None else ""
-        lines.append(
-            f"rollout: {batch.prompts} prompts / DP {batch.rollout_dp} = "
-            f"{_ratio(batch.prompts, batch.rollout_dp, per)} prompts per replica{tail}"
-        )
-    for t in batch.train:
-        per_rank = _ratio(t.mini_samples, t.dp, t.per_rank)
-        micro = (
-            f"{_count(t.micro_batches, 'micro-batch')} of {t.micro}"
-            if t.micro_batches is not None
-            else f"micro-batches of {t.micro} (do not divide)"
-        )
-        steps = (
-            f"; {_count(t.mini_batches, 'mini-batch')} x {_count(t.epochs, 'epoch')}"
-            f" = {_count(t.mini_batches * t.epochs, 'optimizer step')}/step"
-            if t.mini_batches is not None
-            else f"; {t.prompts}/{t.mini_prompts} mini-batches (does not divide)"
-        )
-        lines.append(
-            f"{t.role}: mini-batch {t.mini_prompts} prompts = {t.mini_samples} samples = "
-            f"{per_rank} per DP rank = {micro}{steps}"
-        )
-    if batch.log_prob:
-        passes = [
-            f"{p.role} {_ratio(p.samples, p.dp, p.per_rank)} per DP rank (micro-batches of {p.micro})"
-            for p in batch.log_prob
-        ]
-        lines.append(f"log-prob passes over {batch.samples} samples: " + "; ".join(passes))
-    return lines
-
-
-def _rank_rows(plan: Plan, max_rows: int) -> List[List[str]]:
-    ranks = list(range(plan.world_size))
-    rows = []
-    if len(ranks) > max_rows:  # a big cluster: the first and last ranks show the pattern
-        head, tail = ranks[: max_rows // 2], ranks[-(max_rows // 4) :]
-        ranks = head + [-1] + tail
-    for rank in ranks:
-        if rank < 0:
-            rows.append(["...", "...", "...", f"({plan.world_size - len(ranks) + 1} ranks not shown)"])
-            continue
-        node, device = plan.location(rank)
-        workers = " | ".join(str(c) for c in plan.coords(rank)) or "(idle)"
-        rows.append([str(node), str(device), str(rank), workers])
-    return rows
-
-
-def _table(header: List[str], rows: List[List[str]]) -> List[str]:
-    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header) - 1)]
-    return ["  ".join(r[i].ljust(widths[i]) for i in range(len(widths))) + "  " + r[-1] for r in [header] + rows]
-
-
-def format_plan(plan: Plan, max_rows: int = 64) -> str:
-    """The plan as text: per-role layouts, batch arithmetic and a rank table."""
-    lines = [
-        f"placement: {_count(plan.nnodes, 'node')} x {_count(plan.devices_per_node, plan.device + ' device')} "
-        f"= {_count(plan.world_size, 'rank')}",
-        *_role_lines(plan),
-        "",
-    ]
-    if plan.batch is not None:
-        lines += _batch_lines(plan.batch) + [""]
-    lines += _table(["node", "device", "rank", "workers"], _rank_rows(plan, max_rows))
-    return "\n".join(lines)

@@ -19,8 +19,7 @@ from typing import Any, List, Optional, Sequence, TextIO, Tuple
 from verl.backends import KNOWN_BACKENDS, installed_backends
 from verl.config.errors import ConfigError, ConfigProblem
 from verl.config.loader import read_config, to_yaml
-from verl.config.validate import errors, validate
-from verl.placement import format_plan, make_plan
+from verl.config.validate import errors, validate_and_plan
 
 EXIT_OK = 0
 EXIT_BAD_CONFIG = 2
@@ -83,8 +82,8 @@ def _check(recipe: str, overrides: Sequence[str], strict: bool, show_config: boo
         return None, None, EXIT_BAD_CONFIG
     # A key the loader already flagged (e.g. a wrong type, left at its default) says it best.
     flagged = {p.key for p in problems}
-    problems += [p for p in validate(cfg, strict=strict) if p.key not in flagged]
-    plan, _ = make_plan(cfg)  # its problems are among validate's
+    plan, found = validate_and_plan(cfg, strict=strict)
+    problems += [p for p in found if p.key not in flagged]
     try:
         if show_config:
             print("# resolved config")
@@ -93,10 +92,12 @@ def _check(recipe: str, overrides: Sequence[str], strict: bool, show_config: boo
     except ConfigError as e:  # an interpolation that does not resolve
         _print_problems(problems + e.problems, sys.stderr)
         return cfg, None, EXIT_BAD_CONFIG
+    from verl.cli.render import format_plan
+
     print("# plan")
-    print(format_plan(plan) if plan is not None else "(no plan: the placement has errors, listed below)")
+    print(format_plan(plan) if plan is not None else "(no plan: the config has errors, listed below)")
     if show_config and plan is not None:
-        problems += _print_models(cfg)
+        problems += _print_models(cfg, plan)
     _print_problems(problems, sys.stderr)
     return cfg, plan, EXIT_BAD_CONFIG if errors(problems) else EXIT_OK
 
@@ -104,26 +105,28 @@ def _check(recipe: str, overrides: Sequence[str], strict: bool, show_config: boo
 MODEL_ROLES = (("actor", "causal_lm"), ("critic", "value"))
 
 
-def _print_models(cfg: Any) -> List[ConfigProblem]:
+def _print_models(cfg: Any, plan: Any) -> List[ConfigProblem]:
     """The "# model" section: each train role whose backend builds models it can describe (megatron) builds
     them here, on the meta device, and reports their size; a model it cannot build is a problem."""
-    from verl.placement import enabled_roles, role_backend, role_parallel
-
     installed = installed_backends()
     lines, problems = [], []
     for role, kind in MODEL_ROLES:
-        spec = installed.get(role_backend(cfg, role) or "")
-        if role not in enabled_roles(cfg) or spec is None or not spec.model_info or spec.missing_requirements():
+        if not plan.has(role):
             continue
-        path = str((cfg.critic.model_path if role == "critic" else None) or cfg.model.path)
+        rp = plan.role(role)
+        spec = installed.get(rp.backend)
+        if spec is None or not spec.model_info or spec.missing_requirements():
+            continue
+        path = str(rp.model_path or cfg.model.path)
         if path.startswith("embedded:"):
             lines.append(f"{role}: {path} is built at run time; not checked here")
             continue
         try:
-            described = spec.load("model_info")(path, role_parallel(cfg, role), kind=kind)
+            described = spec.load("model_info")(path, rp.layout.sizes(), kind=kind)
         except (ValueError, RuntimeError, OSError) as e:
+            key = "critic.model_path" if rp.model_path else "model.path"
             fix = f"use a model the {spec.name} backend supports, or {role}.backend=fsdp"
-            problems.append(ConfigProblem("model.path", f"{role} ({spec.name}) cannot build {path}: {e}", fix))
+            problems.append(ConfigProblem(key, f"{role} ({spec.name}) cannot build {path}: {e}", fix))
             continue
         lines += [f"{role}: {line}" for line in described]
     if lines:
@@ -139,10 +142,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def start_trainer(cfg: Any, plan: Any, name: str = "run") -> int:
-    """Train with the validated config and print the one-line summary."""
+    """Train with the validated config and its plan, and print the one-line summary."""
     from verl.trainer.ppo import PPOTrainer, format_summary
 
-    trainer = PPOTrainer(cfg)
+    trainer = PPOTrainer(cfg, plan=plan)
     try:
         summary = trainer.fit()
     finally:

@@ -1,0 +1,124 @@
+"""The plan as text: per-role layouts, the batch arithmetic and a rank table (`verl validate`, `--dry-run`)."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+from verl.config.placement import Layout, Pool
+from verl.config.plan import BatchPlan, Plan
+
+def _count(n: int, word: str) -> str:
+    """'1 device', '2 devices', '2 micro-batches'."""
+    if n == 1:
+        return f"{n} {word}"
+    return f"{n} {word}{'es' if word.endswith('ch') else 's'}"
+
+
+def _node_span(pool: Pool, devices_per_node: int) -> str:
+    first, last = pool.nodes(devices_per_node)
+    return f"node {first}" if first == last else f"nodes {first}-{last}"
+
+
+def _sizes(layout: Layout) -> str:
+    if layout.role == "rollout":
+        text = f"TP={layout.tp} DP={layout.dp}"
+    else:
+        text = f"TP={layout.tp}{'+SP' if layout.sequence_parallel else ''} PP={layout.pp} CP={layout.cp} DP={layout.dp}"
+    if layout.vpp is not None:
+        text += f" VPP={layout.vpp}"
+    if layout.ep > 1:
+        text += f" EP={layout.ep}"
+    return text
+
+
+def _role_lines(plan: Plan) -> List[str]:
+    rows = []
+    for layout in plan.layouts:
+        pool = plan.pool(layout.role)
+        where = f"{_count(pool.size, 'device')} in pool '{pool.name}' ({_node_span(pool, plan.devices_per_node)})"
+        rows.append([layout.role, layout.backend, _sizes(layout), where])
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = ["  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows]
+    groups = plan.rollout_groups_per_actor_group()
+    if groups is not None:
+        actor, rollout = plan.layout("actor"), plan.layout("rollout")
+        lines.append(
+            f"hybrid engine: each actor TP*PP group ({actor.tp}*{actor.pp} = {actor.tp * actor.pp} devices) "
+            f"holds {groups} rollout replicas of TP={rollout.tp} (micro-DP = {actor.tp * actor.pp}/{rollout.tp})"
+        )
+    return lines
+
+
+def _ratio(total: int, parts: int, per: Optional[int]) -> str:
+    return str(per) if per is not None else f"{total}/{parts} (does not divide)"
+
+
+def _batch_lines(batch: BatchPlan) -> List[str]:
+    lines = [f"batch: {_count(batch.prompts, 'prompt')} x {_count(batch.n, 'sample')} = {batch.samples} samples/step"]
+    if batch.rollout_dp is not None:
+        per = batch.prompts_per_replica
+        tail = f" x {batch.n} = {per * batch.n} samples" if per is not None else ""
+        lines.append(
+            f"rollout: {batch.prompts} prompts / DP {batch.rollout_dp} = "
+            f"{_ratio(batch.prompts, batch.rollout_dp, per)} prompts per replica{tail}"
+        )
+    for t in batch.train:
+        per_rank = _ratio(t.mini_samples, t.dp, t.per_rank)
+        micro = (
+            f"{_count(t.micro_batches, 'micro-batch')} of {t.micro}"
+            if t.micro_batches is not None
+            else f"micro-batches of {t.micro} (do not divide)"
+        )
+        steps = (
+            f"; {_count(t.mini_batches, 'mini-batch')} x {_count(t.epochs, 'epoch')}"
+            f" = {_count(t.mini_batches * t.epochs, 'optimizer step')}/step"
+            if t.mini_batches is not None
+            else f"; {t.prompts}/{t.mini_prompts} mini-batches (does not divide)"
+        )
+        lines.append(
+            f"{t.role}: mini-batch {t.mini_prompts} prompts = {t.mini_samples} samples = "
+            f"{per_rank} per DP rank = {micro}{steps}"
+        )
+    if batch.log_prob:
+        passes = [
+            f"{p.role} {_ratio(p.samples, p.dp, p.per_rank)} per DP rank (micro-batches of {p.micro})"
+            for p in batch.log_prob
+        ]
+        lines.append(f"log-prob passes over {batch.samples} samples: " + "; ".join(passes))
+    return lines
+
+
+def _rank_rows(plan: Plan, max_rows: int) -> List[List[str]]:
+    ranks = list(range(plan.world_size))
+    rows = []
+    if len(ranks) > max_rows:  # a big cluster: the first and last ranks show the pattern
+        head, tail = ranks[: max_rows // 2], ranks[-(max_rows // 4) :]
+        ranks = head + [-1] + tail
+    for rank in ranks:
+        if rank < 0:
+            rows.append(["...", "...", "...", f"({plan.world_size - len(ranks) + 1} ranks not shown)"])
+            continue
+        node, device = plan.location(rank)
+        workers = " | ".join(str(c) for c in plan.coords(rank)) or "(idle)"
+        rows.append([str(node), str(device), str(rank), workers])
+    return rows
+
+
+def _table(header: List[str], rows: List[List[str]]) -> List[str]:
+    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header) - 1)]
+    return ["  ".join(r[i].ljust(widths[i]) for i in range(len(widths))) + "  " + r[-1] for r in [header] + rows]
+
+
+def format_plan(plan: Plan, max_rows: int = 64) -> str:
+    """The plan as text: per-role layouts, batch arithmetic and a rank table."""
+    lines = [
+        f"placement: {_count(plan.nnodes, 'node')} x {_count(plan.devices_per_node, plan.device + ' device')} "
+        f"= {_count(plan.world_size, 'rank')}",
+        *_role_lines(plan),
+        "",
+    ]
+    if plan.batch is not None:
+        lines += _batch_lines(plan.batch) + [""]
+    lines += _table(["node", "device", "rank", "workers"], _rank_rows(plan, max_rows))
+    return "\n".join(lines)
+

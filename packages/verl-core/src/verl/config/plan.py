@@ -1,0 +1,332 @@
+"""The run's plan: every value the run derives from its config, resolved once.
+
+`build_plan(cfg)` turns a validated config into a `Plan`: each enabled role's backend and layout after
+inheritance (a ref without its own settings runs the actor's), the pools, the batch arithmetic (rows per
+rank, micro-batches, optimizer steps per step for each training role), the response length and the
+temperature log-probs are computed at. The trainer, the workers and the engines read the plan; none of
+them re-derives these numbers. `draft_plan` is the same arithmetic when parts of the config are wrong
+(validation reads it to report every problem); `verl.cli.render` prints a plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence, Tuple
+
+from omegaconf import DictConfig
+
+from verl.config.errors import ConfigError, ConfigProblem
+from verl.config.placement import (
+    Coords,
+    Layout,
+    Pool,
+    as_config,
+    assign_roles,
+    critic_enabled,
+    enabled_roles,
+    resolve_layouts,
+    resolve_pools,
+    value,
+)
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """One optimizer mini-batch of a training role (actor or critic), split over its DP ranks."""
+
+    role: str
+    prompts: int  # data.train_batch_size
+    mini_prompts: int
+    n: int
+    dp: Optional[int]  # None when the role's layout did not resolve (the prompt arithmetic still holds)
+    micro: int  # samples per forward/backward on one device
+    epochs: int
+
+    @property
+    def mini_samples(self) -> int:
+        return self.mini_prompts * self.n
+
+    @property
+    def mini_batches(self) -> Optional[int]:
+        return self.prompts // self.mini_prompts if self.prompts % self.mini_prompts == 0 else None
+
+    @property
+    def per_rank(self) -> Optional[int]:
+        """Samples of one mini-batch on one DP rank; None when they do not split evenly (or dp is unknown)."""
+        if self.dp is None or self.mini_samples % self.dp:
+            return None
+        return self.mini_samples // self.dp
+
+    @property
+    def optimizer_steps_per_step(self) -> Optional[int]:
+        """Optimizer steps this role takes per training step: mini-batches x epochs."""
+        return self.mini_batches * self.epochs if self.mini_batches is not None else None
+
+    @property
+    def micro_batches(self) -> Optional[int]:
+        """Gradient-accumulation steps per mini-batch on one rank; None when uneven."""
+        per_rank = self.per_rank
+        return per_rank // self.micro if per_rank is not None and per_rank % self.micro == 0 else None
+
+
+@dataclass(frozen=True)
+class LogProbPass:
+    """A forward pass over every sample of a step (old/ref log-probs, values)."""
+
+    role: str
+    samples: int
+    dp: int
+    micro: int
+
+    @property
+    def per_rank(self) -> Optional[int]:
+        return self.samples // self.dp if self.samples % self.dp == 0 else None
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    prompts: int  # data.train_batch_size
+    n: int  # rollout.n
+    rollout_dp: Optional[int]
+    train: Tuple[TrainBatch, ...]
+    log_prob: Tuple[LogProbPass, ...]
+
+    @property
+    def samples(self) -> int:
+        return self.prompts * self.n
+
+    @property
+    def prompts_per_replica(self) -> Optional[int]:
+        """Prompts one rollout DP replica generates for; None when they do not split evenly."""
+        if self.rollout_dp is None or self.prompts % self.rollout_dp:
+            return None
+        return self.prompts // self.rollout_dp
+
+    def train_of(self, role: str) -> Optional[TrainBatch]:
+        return next((t for t in self.train if t.role == role), None)
+
+
+@dataclass(frozen=True)
+class RolePlan:
+    """One enabled role, resolved: what its workers and engines are built from."""
+
+    name: str
+    backend: str
+    layout: Layout
+    micro_batch: Optional[int]  # samples per forward pass on one device (log-probs, values); None: rollout
+    train: Optional[TrainBatch] = None  # actor and critic: their optimizer mini-batches
+    model_path: Optional[str] = None  # critic.model_path; None: the run's model (model.path, after warm start)
+
+    @property
+    def optimizer_steps_per_step(self) -> int:
+        if self.train is None or self.train.optimizer_steps_per_step is None:
+            raise ValueError(f"role '{self.name}' takes no optimizer steps")
+        return self.train.optimizer_steps_per_step
+
+    @property
+    def rows_per_rank(self) -> int:
+        """Samples of one optimizer mini-batch on one data-parallel rank."""
+        if self.train is None or self.train.per_rank is None:
+            raise ValueError(f"role '{self.name}' has no mini-batch that splits over its ranks")
+        return self.train.per_rank
+
+
+@dataclass(frozen=True)
+class Plan:
+    nnodes: int
+    devices_per_node: int
+    device: str
+    pools: Tuple[Pool, ...]
+    role_plans: Tuple[RolePlan, ...]  # one per enabled role, in ROLES order
+    batch: Optional[BatchPlan]  # None only in a draft whose batch sizes are unset
+    prompt_length: int  # data.max_prompt_length
+    response_length: int  # rollout.max_new_tokens, else data.max_response_length
+    temperature: float  # what log-probs are computed at: rollout.temperature (greedy, 0, counts as 1)
+    total_steps: Optional[int] = None  # training steps of the run; None until the data is known
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.devices_per_node
+
+    @property
+    def roles(self) -> Tuple[str, ...]:
+        return tuple(r.name for r in self.role_plans)
+
+    @property
+    def layouts(self) -> Tuple[Layout, ...]:
+        return tuple(r.layout for r in self.role_plans)
+
+    def role(self, name: str) -> RolePlan:
+        for r in self.role_plans:
+            if r.name == name:
+                return r
+        raise KeyError(f"role '{name}' is not in this plan (roles: {', '.join(self.roles)})")
+
+    def has(self, name: str) -> bool:
+        return name in self.roles
+
+    def layout(self, role: str) -> Layout:
+        return self.role(role).layout
+
+    def pool(self, role: str) -> Pool:
+        name = self.layout(role).pool
+        return next(p for p in self.pools if p.name == name)
+
+    def colocated(self, a: str, b: str) -> bool:
+        return self.has(a) and self.has(b) and self.pool(a) == self.pool(b)
+
+    def optimizer_steps(self, role: str) -> int:
+        """Optimizer steps `role` takes over the whole run: what its LR schedule spans."""
+        if self.total_steps is None:
+            raise ValueError("the plan does not know the run's length yet: build it with total_steps")
+        return max(1, self.total_steps * self.role(role).optimizer_steps_per_step)
+
+    def with_total_steps(self, total_steps: int) -> "Plan":
+        return dataclasses.replace(self, total_steps=total_steps)
+
+    def location(self, rank: int) -> Tuple[int, int]:
+        """(node, device on that node) of a global rank."""
+        return divmod(rank, self.devices_per_node)
+
+    def coords(self, rank: int) -> Tuple[Coords, ...]:
+        """Every role's coordinates on a global rank (colocated roles share it)."""
+        return tuple(
+            layout.coords(rank - layout.first_rank)
+            for layout in self.layouts
+            if layout.first_rank <= rank < layout.first_rank + layout.world
+        )
+
+    def role_coords(self, rank: int, role: str) -> Optional[Coords]:
+        return next((c for c in self.coords(rank) if c.role == role), None)
+
+    def rollout_groups_per_actor_group(self) -> Optional[int]:
+        """HybridFlow's micro-DP: rollout replicas inside one actor TP*PP group, when colocated with megatron."""
+        if not self.colocated("rollout", "actor"):
+            return None
+        actor, rollout = self.layout("actor"), self.layout("rollout")
+        if actor.backend != "megatron" or (actor.tp * actor.pp) % rollout.tp:
+            return None
+        return actor.tp * actor.pp // rollout.tp
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Whatever could be placed, even when other parts of the placement are wrong (validation reads it)."""
+
+    roles: Tuple[str, ...]  # enabled roles
+    role_pool: Tuple[Tuple[str, str], ...]  # (role, pool name) for each enabled role found in a pool
+    pools: Tuple[Pool, ...]  # pools whose device range resolved
+    layouts: Tuple[Layout, ...]  # roles whose layout fits their pool
+    batch: Optional[BatchPlan]
+    problems: Tuple[ConfigProblem, ...]
+
+    def pool_of(self, role: str) -> Optional[str]:
+        return dict(self.role_pool).get(role)
+
+    def layout(self, role: str) -> Optional[Layout]:
+        return next((layout for layout in self.layouts if layout.role == role), None)
+
+def _positive(cfg: DictConfig, key: str, default_key: Optional[str] = None) -> Optional[int]:
+    v = value(cfg, key)
+    if v is None and default_key is not None:
+        v = value(cfg, default_key)
+    return v if isinstance(v, int) and v >= 1 else None
+
+
+def batch_plan(cfg: DictConfig, layouts: Sequence[Layout]) -> Optional[BatchPlan]:
+    """The step's batch arithmetic over the given layouts; None when the batch sizes are unset or not positive.
+
+    Entries whose numbers are unset or not positive are left out (validation reports those).
+    """
+    prompts, n = _positive(cfg, "data.train_batch_size"), _positive(cfg, "rollout.n")
+    if prompts is None or n is None:
+        return None
+    dps = {layout.role: layout.dp for layout in layouts}
+    train = []
+    for role in ("actor", "critic"):
+        mini = _positive(cfg, f"{role}.ppo_mini_batch_size", "actor.ppo_mini_batch_size")
+        micro = _positive(cfg, f"{role}.ppo_micro_batch_size_per_device")
+        epochs = _positive(cfg, f"{role}.ppo_epochs", "actor.ppo_epochs")
+        enabled = role == "actor" or critic_enabled(cfg)
+        if enabled and None not in (mini, micro, epochs):
+            train.append(TrainBatch(role, prompts, mini, n, dps.get(role), micro, epochs))
+    log_prob = []
+    for role, micro_key in MICRO_BATCH_KEYS.items():
+        micro = _positive(cfg, micro_key)
+        if role in dps and micro is not None:
+            log_prob.append(LogProbPass(role, prompts * n, dps[role], micro))
+    return BatchPlan(prompts, n, dps.get("rollout"), tuple(train), tuple(log_prob))
+
+
+def draft_plan(cfg: Any) -> Draft:
+    """Place what can be placed and collect the placement problems (every one, not just the first)."""
+    cfg = as_config(cfg)
+    roles = enabled_roles(cfg)
+    pools, problems = resolve_pools(cfg)
+    role_pool, found = assign_roles(cfg, roles)
+    layouts, layout_problems = resolve_layouts(cfg, role_pool, pools)
+    pool_objs = tuple(
+        Pool(name, tuple(r for r, p in role_pool if p == name), first, size) for name, first, size in pools
+    )
+    return Draft(
+        roles, role_pool, pool_objs, layouts, batch_plan(cfg, layouts), tuple(problems + found + layout_problems)
+    )
+
+
+MICRO_BATCH_KEYS = {
+    "actor": "actor.log_prob_micro_batch_size_per_device",
+    "ref": "ref.log_prob_micro_batch_size_per_device",
+    "critic": "critic.ppo_micro_batch_size_per_device",  # the critic's value pass
+}
+
+
+def _role_plan(cfg: DictConfig, layout: Layout, batch: Optional[BatchPlan]) -> RolePlan:
+    role = layout.role
+    micro = value(cfg, MICRO_BATCH_KEYS[role]) if role in MICRO_BATCH_KEYS else None
+    train = batch.train_of(role) if batch is not None else None
+    model_path = value(cfg, "critic.model_path") if role == "critic" else None
+    return RolePlan(role, layout.backend, layout, micro, train, model_path)
+
+
+def plan_of(cfg: DictConfig, draft: Draft, total_steps: Optional[int] = None) -> Plan:
+    """The plan from a draft without errors."""
+    temperature = value(cfg, "rollout.temperature")
+    return Plan(
+        nnodes=value(cfg, "placement.nnodes"),
+        devices_per_node=value(cfg, "placement.devices_per_node"),
+        device=str(value(cfg, "placement.device")),
+        pools=draft.pools,
+        role_plans=tuple(_role_plan(cfg, layout, draft.batch) for layout in draft.layouts),
+        batch=draft.batch,
+        prompt_length=value(cfg, "data.max_prompt_length"),
+        response_length=value(cfg, "rollout.max_new_tokens") or value(cfg, "data.max_response_length"),
+        temperature=float(temperature) if temperature else 1.0,
+        total_steps=total_steps if total_steps is not None else value(cfg, "trainer.total_steps"),
+    )
+
+
+def make_plan(cfg: Any) -> Tuple[Optional[Plan], List[ConfigProblem]]:
+    """The plan, or None when the placement has errors; the placement problems either way."""
+    cfg = as_config(cfg)
+    draft = draft_plan(cfg)
+    problems = list(draft.problems)
+    if any(p.severity == "error" for p in problems):
+        return None, problems
+    return plan_of(cfg, draft, None), problems
+
+
+def build_plan(cfg: Any, total_steps: Optional[int] = None) -> Plan:
+    """The plan of a validated config; ConfigError when its placement or batch sizes do not resolve.
+
+    total_steps: the run's training steps when the caller knows them (trainer.total_steps, or the epochs
+    over the data); the plan's optimizer-step counts need them."""
+    cfg = as_config(cfg)
+    draft = draft_plan(cfg)
+    problems = [p for p in draft.problems if p.severity == "error"]
+    if draft.batch is None:
+        problems.append(
+            ConfigProblem("data.train_batch_size", "the batch sizes are unset", "set data.train_batch_size and rollout.n")
+        )
+    if problems:
+        raise ConfigError(problems)
+    return plan_of(cfg, draft, total_steps)

@@ -1,0 +1,20 @@
+"""The batch columns each worker call reads: the trainer ships only these (the rest stays in the driver)."""
+
+from __future__ import annotations
+
+from typing import Any, Tuple
+
+# What every engine forward reads (see verl.engine for the layout).
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
+PROMPTS = ("input_ids", "attention_mask", "position_ids")
+
+
+def actor_update_columns(cfg: Any) -> Tuple[str, ...]:
+    """What the actor's loss reads: the policy-gradient inputs, plus the reference's log-probs for a KL loss and
+    the rollout's log-probs for truncated importance sampling."""
+    extra = ("ref_log_probs",) if cfg.actor.use_kl_loss else ()
+    extra += ("rollout_log_probs",) if cfg.actor.tis_imp_ratio_cap is not None else ()
+    return MODEL_INPUTS + ("response_mask", "old_log_probs", "advantages") + extra
+
+
+CRITIC_UPDATE = MODEL_INPUTS + ("response_mask", "values", "returns")
