@@ -176,9 +176,9 @@ def test_two_gpu_log_probs_match_hf(wide_model_dir, parallel, dtype, atol):
     pool = ResourcePool("megatron", nnodes=1, devices_per_node=2, device="cuda")
     group = make_worker_group("ray", pool, EngineWorker, parallel, role="megatron")
     try:
-        group.load("m", wide_model_dir, dtype=dtype)
+        group.call("load", "m", wide_model_dir, dtype=dtype)
         batch = parity_batch(vocab=64)
-        worst = check_log_probs(group.infer("m", batch), wide_model_dir, batch, atol=atol)
+        worst = check_log_probs(group.call("infer", "m", batch), wide_model_dir, batch, atol=atol)
         print(f"GPU {parallel}: max |log-prob - HF| = {worst:.2e}")
     finally:
         group.shutdown()

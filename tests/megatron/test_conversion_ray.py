@@ -80,21 +80,21 @@ def test_log_probs_and_gradient_match_hf(ray_two_cpus, models, name, parallel):
     world = parallel.get("tp", 1) * parallel.get("pp", 1) * parallel.get("cp", 1)
     pool, group = _group(world, parallel)
     try:
-        infos = group.load(name, models[name])
+        infos = group.call("load", name, models[name])
         # TP and CP: one replica, collected on rank 0; PP=2: one replica, collected on the last stage.
         assert infos == (
             [(0, 1, False), (0, 1, True)] if "pp" in parallel else [(0, 1, True)] + [(0, 1, False)] * (world - 1)
         )
         vocab = hf_model(models[name]).config.vocab_size
         batch = parity_batch(vocab=vocab)
-        worst = check_log_probs(group.infer(name, batch), models[name], batch)
+        worst = check_log_probs(group.call("infer", name, batch), models[name], batch)
         # The gradient of the mean response NLL, against HF's. Under CP=2 this batch's 7 tokens pad to 8, in 4
         # chunks of 2: cp rank 0 holds positions 0, 1, 6, 7 and rank 1 holds 2-5, so every response token
         # (predicted from positions 3-5) is rank 1's; rank 0 must still take part in backward.
         short = parity_batch(vocab=vocab, prompt=4, response=3, padded=False)
-        check_log_probs(group.infer(name, short), models[name], short)
-        group.load("trained", models[name], OptimConfig(lr=1e-3))
-        norms = [m["grad_norm"] for m in group.train("trained", short)]
+        check_log_probs(group.call("infer", name, short), models[name], short)
+        group.call("load", "trained", models[name], OptimConfig(lr=1e-3))
+        norms = [m["grad_norm"] for m in group.call("train", "trained", short)]
         want = _hf_grad_norm(models[name], short)
         assert all(n == norms[0] for n in norms) and norms[0] == pytest.approx(want, rel=1e-5)
         print(f"{name} {parallel}: max |log-prob - HF| = {worst:.2e}, grad norm {norms[0]:.6f} vs HF {want:.6f}")
@@ -111,13 +111,13 @@ def test_pp2_cp2_log_probs_and_critic_values_match_hf(ray_two_cpus, models, tmp_
     pool, group = _group(4, {"pp": 2, "cp": 2})
     try:
         # Megatron's rank order is tp, cp, dp, pp: ranks 2 and 3 are the last stage, rank 2 its cp rank 0.
-        assert group.load("llama", models["llama"]) == [(0, 1, False), (0, 1, False), (0, 1, True), (0, 1, False)]
+        assert group.call("load", "llama", models["llama"]) == [(0, 1, False), (0, 1, False), (0, 1, True), (0, 1, False)]
         batch = parity_batch(vocab=83)
-        worst = check_log_probs(group.infer("llama", batch), models["llama"], batch)
+        worst = check_log_probs(group.call("infer", "llama", batch), models["llama"], batch)
         print(f"pp2 cp2: max |log-prob - HF| = {worst:.2e}")
-        group.load("critic", models["llama"], kind="value")
-        values = group.infer("critic", batch)
-        group.export("critic", str(tmp_path / "critic"))
+        group.call("load", "critic", models["llama"], kind="value")
+        values = group.call("infer", "critic", batch)
+        group.call("export", "critic", str(tmp_path / "critic"))
         hf = AutoModelForTokenClassification.from_pretrained(str(tmp_path / "critic"), dtype=torch.float32).eval()
         b = batch.batch
         with torch.no_grad():
@@ -136,20 +136,20 @@ def test_round_trip_and_parity_tp2_pp2_vpp2(ray_two_cpus, models, tmp_path):
     pool, group = _group(4, {"tp": 2, "pp": 2, "vpp": 2})
     try:
         for name, path in models.items():
-            group.load(name, path)
+            group.call("load", name, path)
             hf = _hf_state(path)
             if name == "qwen2":
                 hf.pop("lm_head.weight", None)  # tied: HF may store the shared tensor under either name
-            for rank, weights in enumerate(group.hf_weights(name)):
+            for rank, weights in enumerate(group.call("hf_weights", name)):
                 assert weights.keys() == hf.keys(), (name, rank)
                 for key, tensor in hf.items():
                     assert torch.equal(weights[key], tensor), (name, rank, key)  # bitwise
             vocab = hf_model(path).config.vocab_size
             batch = parity_batch(vocab=vocab)
-            worst = check_log_probs(group.infer(name, batch), path, batch)
+            worst = check_log_probs(group.call("infer", name, batch), path, batch)
             print(f"{name} tp2 pp2 vpp2: max |log-prob - HF| = {worst:.2e}")
         # The exported folder is the same model, bitwise.
-        group.export("qwen3", str(tmp_path / "qwen3-export"))
+        group.call("export", "qwen3", str(tmp_path / "qwen3-export"))
         exported, original = _hf_state(str(tmp_path / "qwen3-export")), _hf_state(models["qwen3"])
         assert exported.keys() == original.keys()
         assert all(torch.equal(exported[k], original[k]) for k in original)
@@ -162,10 +162,10 @@ def test_generation_shards_for_a_smaller_rollout_tp(ray_two_cpus, models):
     """TP_train=2 -> TP_gen=2 (micro-DP groups of one rank, nothing gathered) and TP_gen=1 (full tensors)."""
     pool, group = _group(2, {"tp": 2})
     try:
-        group.load("qwen2", models["qwen2"])
+        group.call("load", "qwen2", models["qwen2"])
         full = _hf_state(models["qwen2"])
-        shards = group.hf_weights("qwen2", 2)
-        stats = group.sync_stats("qwen2")
+        shards = group.call("hf_weights", "qwen2", 2)
+        stats = group.call("sync_stats", "qwen2")
         assert [s["received_bytes"] for s in stats] == [0, 0]  # each rank already holds its generation shard
         for rank, weights in enumerate(shards):
             q = full["model.layers.0.self_attn.q_proj.weight"]  # 4 heads of 4 dims -> 2 heads per rank
@@ -179,8 +179,8 @@ def test_generation_shards_for_a_smaller_rollout_tp(ray_two_cpus, models):
             emb = full["model.embed_tokens.weight"]  # 37 rows -> 19 + 18
             assert torch.equal(weights["model.embed_tokens.weight"], emb[:19] if rank == 0 else emb[19:])
             assert torch.equal(weights["model.norm.weight"], full["model.norm.weight"])
-        whole = group.hf_weights("qwen2", 1)
-        stats = group.sync_stats("qwen2")
+        whole = group.call("hf_weights", "qwen2", 1)
+        stats = group.call("sync_stats", "qwen2")
         # TP_gen=1: each rank receives the other rank's shard of every split tensor, in float32: half of each
         # projection, and 19 of the 38 padded embedding rows of 16; norms are replicated and not sent.
         halves = sum(t.numel() for k, t in full.items() if "norm" not in k and "embed" not in k) // 2

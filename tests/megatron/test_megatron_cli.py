@@ -81,10 +81,10 @@ def test_export_reshards_a_tp2_pp2_checkpoint_into_hf(ray_two_cpus, tmp_path, em
     pool = ResourcePool("megatron", nnodes=1, devices_per_node=4, cpus_per_device=0.5)
     group = make_worker_group("ray", pool, EngineWorker, {"tp": 2, "pp": 2}, role="actor", env={"OMP_NUM_THREADS": "1"})
     try:
-        group.load("actor", model, OptimConfig(lr=1e-2, weight_decay=0.0))
-        group.train("actor", _batch(vocab=83))  # weights that differ from the HF folder it started from
-        trained = group.hf_weights("actor")[0]
-        group.save("actor", str(tmp_path / "ckpt"))
+        group.call("load", "actor", model, OptimConfig(lr=1e-2, weight_decay=0.0))
+        group.call("train", "actor", _batch(vocab=83))  # weights that differ from the HF folder it started from
+        trained = group.call("hf_weights", "actor")[0]
+        group.call("save", "actor", str(tmp_path / "ckpt"))
     finally:
         group.shutdown()
         pool.remove()

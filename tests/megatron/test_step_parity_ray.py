@@ -57,9 +57,9 @@ def _step(model_path: str, tmp, name: str, devices: int, *overrides: str):
     pool = pools_from_plan(plan, cpus_per_device=2 / devices)["hybrid"]
     group = make_worker_group("ray", pool, ActorRolloutRefWorker, cfg, plan, model_path, roles=["actor"], role="actor")
     try:
-        group.init_model()
-        metrics = group.update_actor(_batch(vocab=83))
-        states = group.actor_state()
+        group.call("init_model")
+        metrics = group.call("update_actor", _batch(vocab=83))
+        states = group.call("actor_state")
     finally:
         group.shutdown()
         pool.remove()

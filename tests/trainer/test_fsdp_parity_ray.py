@@ -29,9 +29,9 @@ def _step(cfg, model_path: str, batch: DataProto):
     pool = pools_from_plan(plan)["hybrid"]
     group = make_worker_group("ray", pool, ActorRolloutRefWorker, cfg, plan, model_path, roles=["actor"], role="actor")
     try:
-        group.init_model()
-        metrics = group.update_actor(batch)
-        state = group.actor_state()[0]
+        group.call("init_model")
+        metrics = group.call("update_actor", batch)
+        state = group.call("actor_state")[0]
     finally:
         group.shutdown()
         pool.remove()

@@ -38,7 +38,7 @@ def test_grpo_on_two_nodes(two_nodes, tmp_path, embedded_cache, monkeypatch):  #
     )
     trainer = PPOTrainer(cfg)
     try:
-        slots = trainer.workers.actor_rollout.slots
+        slots = trainer.workers.actor_rollout.executor.slots
         assert len({s.node_id for s in slots}) == 2  # rank 0 and rank 1 on different nodes
         summary = trainer.fit()
     finally:

@@ -95,8 +95,8 @@ def test_critic_model_path_loads_a_different_model(tmp_path, tiny_llama):
     )
     trainer = verl.PPOTrainer(cfg)
     try:
-        critic = trainer.workers.critic.engine_state()[0]["weights"]
-        actor = trainer.workers.actor_rollout.actor_state()[0]
+        critic = trainer.workers.critic.call("engine_state")[0]["weights"]
+        actor = trainer.workers.actor_rollout.call("actor_state")[0]
     finally:
         trainer.close()
     from transformers import AutoModelForCausalLM

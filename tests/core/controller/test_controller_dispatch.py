@@ -109,23 +109,10 @@ def test_dp_compute_names_dataprotos_that_do_not_concatenate():
 # ---------------------------------------------------------------------------------------------
 
 
-def test_one_to_all_rank_zero_all_to_all():
+def test_one_to_all():
     args, kwargs = (1, [2]), {"k": "v"}
     assert split(Dispatch.ONE_TO_ALL, "r.f", args, kwargs, 3) == [(args, kwargs)] * 3
     assert gather(Dispatch.ONE_TO_ALL, "r.f", ["a", "b", "c"]) == ["a", "b", "c"]
-    assert split(Dispatch.RANK_ZERO, "r.f", args, kwargs, 3) == [(args, kwargs), None, None]
-    assert gather(Dispatch.RANK_ZERO, "r.f", ["a", None, None]) == "a"
-    calls = split(Dispatch.ALL_TO_ALL, "r.f", ([10, 11, 12],), {"flag": [True, False, True]}, 3)
-    assert calls == [((10,), {"flag": True}), ((11,), {"flag": False}), ((12,), {"flag": True})]
-
-
-def test_all_to_all_names_the_argument_of_the_wrong_length():
-    with pytest.raises(
-        ValueError, match=r"r\.f is ALL_TO_ALL: argument 'flag' must be a list with one entry per rank \(3\)"
-    ):
-        split(Dispatch.ALL_TO_ALL, "r.f", ([1, 2, 3],), {"flag": [True]}, 3)
-    with pytest.raises(ValueError, match="argument 0 must be a list.*got 7"):
-        split(Dispatch.ALL_TO_ALL, "r.f", (7,), {}, 3)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,7 +200,7 @@ class Base(Worker):
     def setup(self):
         return "base"
 
-    @register(Dispatch.RANK_ZERO, blocking=False)
+    @register(Dispatch.DP_COMPUTE, mesh="rollout")
     def save(self):
         return None
 
@@ -232,14 +219,14 @@ class Child(Base):
 
 def test_registered_methods_follow_the_mro():
     base = registered_methods(Base)
-    assert {n: (s.dispatch, s.blocking) for n, s in base.items()} == {
-        "compute": (Dispatch.DP_COMPUTE, True),
-        "setup": (Dispatch.ONE_TO_ALL, True),
-        "save": (Dispatch.RANK_ZERO, False),
+    assert {n: (s.dispatch, s.mesh) for n, s in base.items()} == {
+        "compute": (Dispatch.DP_COMPUTE, "train"),
+        "setup": (Dispatch.ONE_TO_ALL, "train"),
+        "save": (Dispatch.DP_COMPUTE, "rollout"),
     }
     child = registered_methods(Child)
     assert child["compute"].dispatch is Dispatch.DP_COMPUTE
-    assert (child["save"].dispatch, child["save"].blocking) == (Dispatch.ONE_TO_ALL, True)
+    assert (child["save"].dispatch, child["save"].mesh) == (Dispatch.ONE_TO_ALL, "train")
     assert "helper" not in child and "dispatch_info" not in child
 
 

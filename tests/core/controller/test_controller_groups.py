@@ -17,17 +17,18 @@ import torch.distributed as dist
 
 from verl.controller import (
     Dispatch,
-    LocalWorkerGroup,
-    PendingCall,
-    RayWorkerGroup,
     ResourcePool,
     Worker,
     WorkerError,
+    WorkerGroup,
     init_ray,
+    local_group,
     make_worker_group,
+    ray_group,
     register,
     shutdown_ray,
 )
+from verl.controller.worker_group import LocalExecutor
 from verl.protocol import DataProto
 
 # Ray workers cannot import this test module (pytest puts its folder on the driver's sys.path only), so its
@@ -41,23 +42,18 @@ class EchoWorker(Worker):
     def __init__(self, tag: str = "echo") -> None:
         self.tag = tag
         self.seen: list[int] | None = None
-        self.rank_zero_calls = 0
 
     @register(Dispatch.ONE_TO_ALL)
     def whoami(self, suffix: str) -> str:
         return f"{self.tag}:{self.rank}/{self.world_size}:{suffix}"
 
-    @register(Dispatch.RANK_ZERO)
-    def bump(self) -> int:
-        self.rank_zero_calls += 1
-        return self.rank
+    def tag_of(self) -> str:  # not registered: reached through call_all
+        return self.tag
 
-    def calls(self) -> int:  # not registered: reached through execute_all
-        return self.rank_zero_calls
-
-    @register(Dispatch.ALL_TO_ALL)
-    def set_layout(self, dp_rank: int, dp_size: int, collect: bool) -> None:
-        self.set_dispatch_info(dp_rank, dp_size, collect)
+    @register(Dispatch.ONE_TO_ALL)
+    def set_layout(self, dp_ranks: list[int], dp_sizes: list[int], collects: list[bool]) -> None:
+        """Entry r of each list is rank r's."""
+        self.set_dispatch_info(dp_ranks[self.rank], dp_sizes[self.rank], collects[self.rank])
 
     @register(Dispatch.DP_COMPUTE)
     def tag_rows(self, data: DataProto, scale: int = 1) -> DataProto:
@@ -72,9 +68,9 @@ class EchoWorker(Worker):
     def count_rows(self, data: DataProto) -> tuple[int, int]:
         return self.rank, len(data)
 
-    @register(Dispatch.ALL_TO_ALL)
-    def set_rollout_layout(self, dp_rank: int, dp_size: int, collect: bool) -> None:
-        self.set_dispatch_info(dp_rank, dp_size, collect, mesh="rollout")
+    @register(Dispatch.ONE_TO_ALL)
+    def set_rollout_layout(self, dp_ranks: list[int], dp_sizes: list[int], collects: list[bool]) -> None:
+        self.set_dispatch_info(dp_ranks[self.rank], dp_sizes[self.rank], collects[self.rank], mesh="rollout")
 
     @register(Dispatch.DP_COMPUTE, mesh="rollout")
     def count_rollout_rows(self, data: DataProto) -> tuple[int, int]:
@@ -89,19 +85,14 @@ class EchoWorker(Worker):
     def last_seen(self) -> list[int] | None:
         return self.seen
 
-    @register(Dispatch.ONE_TO_ALL, blocking=False)
-    def slow_square(self, x: int, delay_s: float) -> int:
-        time.sleep(delay_s)
-        return x * x + self.rank
-
     @register(Dispatch.ONE_TO_ALL)
     def fail_on(self, rank: int) -> str:
         if self.rank == rank:
             raise ValueError("boom")
         return "ok"
 
-    @register(Dispatch.ONE_TO_ALL, blocking=False)
-    def fail_later(self) -> None:
+    @register(Dispatch.ONE_TO_ALL)
+    def fail_everywhere(self) -> None:
         raise KeyError("missing")
 
     @register(Dispatch.ONE_TO_ALL)
@@ -158,125 +149,119 @@ def pool(cluster):
 
 @pytest.fixture(scope="module")
 def module_group(pool):
-    group = RayWorkerGroup(pool, EchoWorker, "echo", role="echo", env={"RUN_TAG": "t1"}, resource_fraction=0.5)
+    group = ray_group(pool, EchoWorker, "echo", role="echo", env={"RUN_TAG": "t1"}, resource_fraction=0.5)
     yield group
     group.shutdown()
 
 
 @pytest.fixture
 def group(module_group):
-    module_group.set_layout([0, 1], [2, 2], [True, True])  # the default layout, whatever a test set before
+    module_group.call("set_layout", [0, 1], [2, 2], [True, True])  # the default layout, whatever a test set before
     module_group.refresh_dispatch_info()
     return module_group
 
 
-def test_one_to_all_and_rank_zero(group):
-    assert group.world_size == 2
-    assert group.whoami("x") == ["echo:0/2:x", "echo:1/2:x"]
-    assert group.bump() == 0
-    assert group.execute_all("calls") == [1, 0]  # RANK_ZERO ran on rank 0 only
-    assert group.execute_rank_zero("whoami", suffix="z") == "echo:0/2:z"
-    assert group.tag_rows.__doc__ == "[DP_COMPUTE] Each row's id times `scale`, and the rank that saw it."
-    assert group.slow_square.__doc__ == "[ONE_TO_ALL, non-blocking]"
+def test_one_to_all_by_method_or_name(group):
+    assert group.world_size == 2 and isinstance(group, WorkerGroup)
+    assert group.call(EchoWorker.whoami, "x") == ["echo:0/2:x", "echo:1/2:x"]  # the method itself: go-to-definition
+    assert group.call("whoami", suffix="y") == ["echo:0/2:y", "echo:1/2:y"]
+    assert group.call_all(EchoWorker.tag_of) == ["echo", "echo"]  # any method, registered or not
+
+
+def test_each_call_is_counted_with_the_tensor_bytes_it_ships(group):
+    group.take_stats()
+    out = group.call(EchoWorker.tag_rows, batch(6))  # int64 ids: 6 * 8 bytes out, 6 * 8 * 2 bytes back
+    assert len(out) == 6
+    stats = group.take_stats()
+    assert (stats.calls, stats.bytes_sent, stats.bytes_received) == (1, 48, 96)
+    assert group.take_stats().calls == 0  # taking resets
 
 
 def test_dp_compute_splits_by_dp_rank_and_gathers_in_dp_order(group):
-    out = group.tag_rows(batch(6), scale=2)
+    out = group.call("tag_rows", batch(6), scale=2)
     assert out.batch["ids"].tolist() == [0, 2, 4, 6, 8, 10]
     assert out.batch["rank"].tolist() == [0, 0, 0, 1, 1, 1]
     assert out.meta_info == {"step": 1}
-    assert group.execute_all("last_seen") == [[0, 1, 2], [3, 4, 5]]
+    assert group.call_all("last_seen") == [[0, 1, 2], [3, 4, 5]]
 
     # Swap the dp ranks: rank 0 now holds the second half, and the gather still follows dp order.
-    group.set_layout([1, 0], [2, 2], [True, True])
+    group.call("set_layout", [1, 0], [2, 2], [True, True])
     assert group.refresh_dispatch_info() == [
         {"dp_rank": 1, "dp_size": 2, "collect": True},
         {"dp_rank": 0, "dp_size": 2, "collect": True},
     ]
-    out = group.tag_rows(batch(4))
+    out = group.call("tag_rows", batch(4))
     assert out.batch["ids"].tolist() == [0, 1, 2, 3]
     assert out.batch["rank"].tolist() == [1, 1, 0, 0]
-    assert group.execute_all("last_seen") == [[2, 3], [0, 1]]
-    assert group.count_rows(batch(4)) == [(1, 2), (0, 2)]  # non-DataProto results: a list in dp order
+    assert group.call_all("last_seen") == [[2, 3], [0, 1]]
+    assert group.call("count_rows", batch(4)) == [(1, 2), (0, 2)]  # non-DataProto results: a list in dp order
 
 
 def test_methods_split_by_their_own_mesh(group):
     # A megatron actor with TP=2 (one replica) beside a rollout with TP=1 (two replicas) in the same workers.
-    group.set_layout([0, 0], [1, 1], [True, False])
+    group.call("set_layout", [0, 0], [1, 1], [True, False])
     group.refresh_dispatch_info()
-    assert group.count_rows(batch(4)) == [(0, 4)]
-    assert group.count_rollout_rows(batch(4)) == [(0, 4)]  # no "rollout" layout set: the train one
-    group.set_rollout_layout([0, 1], [2, 2], [True, True])
+    assert group.call("count_rows", batch(4)) == [(0, 4)]
+    assert group.call("count_rollout_rows", batch(4)) == [(0, 4)]  # no "rollout" layout set: the train one
+    group.call("set_rollout_layout", [0, 1], [2, 2], [True, True])
     group.refresh_dispatch_info()
-    assert group.count_rollout_rows(batch(4)) == [(0, 2), (1, 2)]
-    assert group.count_rows(batch(4)) == [(0, 4)]
+    assert group.call("count_rollout_rows", batch(4)) == [(0, 2), (1, 2)]
+    assert group.call("count_rows", batch(4)) == [(0, 4)]
 
 
 def test_dp_size_below_world_models_tensor_parallel(group):
     # TP=2: both ranks are dp rank 0 and get the whole batch; only rank 0's result comes back.
-    group.set_layout([0, 0], [1, 1], [True, False])
+    group.call("set_layout", [0, 0], [1, 1], [True, False])
     group.refresh_dispatch_info()
-    out = group.tag_rows(batch(4))
+    out = group.call("tag_rows", batch(4))
     assert out.batch["ids"].tolist() == [0, 1, 2, 3] and out.batch["rank"].tolist() == [0, 0, 0, 0]
-    assert group.execute_all("last_seen") == [[0, 1, 2, 3], [0, 1, 2, 3]]
-    assert group.count_rows(batch(3)) == [(0, 3)]
+    assert group.call_all("last_seen") == [[0, 1, 2, 3], [0, 1, 2, 3]]
+    assert group.call("count_rows", batch(3)) == [(0, 3)]
 
 
 def test_dp_compute_batch_that_does_not_split(group):
     with pytest.raises(ValueError, match=r"echo\.tag_rows is DP_COMPUTE over dp_size=2: the batch has 5 rows"):
-        group.tag_rows(batch(5))
+        group.call("tag_rows", batch(5))
 
 
 def test_workers_get_copies_of_the_batch(group):
     data = batch(4)
     # rank 0 gets [0, 1] -> 100 * 1 = 100; rank 1 gets [2, 3] -> 100 * 5 = 500
-    assert group.mutate(data) == [100, 500]
+    assert group.call("mutate", data) == [100, 500]
     assert data.batch["ids"].tolist() == [0, 1, 2, 3]
-
-
-def test_non_blocking_call_returns_a_handle(group):
-    start = time.monotonic()
-    pending = group.slow_square(3, delay_s=1.0)
-    assert isinstance(pending, PendingCall)
-    assert time.monotonic() - start < 0.9  # returned before the workers finished sleeping
-    with pytest.raises(TimeoutError, match=r"role 'echo': method 'slow_square' still running on ranks \[0, 1\]"):
-        pending.get(timeout_s=0.01)
-    assert pending.get() == [9, 10]  # 3*3 + rank
-    assert pending.done()
 
 
 def test_torch_distributed_all_reduce_across_actors(group):
     # sum over ranks 0, 1 of [rank + 1, 10 * (rank + 1)] = [1 + 2, 10 + 20]
-    assert group.all_reduce_ranks() == [[3.0, 30.0], [3.0, 30.0]]
+    assert group.call("all_reduce_ranks") == [[3.0, 30.0], [3.0, 30.0]]
 
 
 def test_error_on_one_rank_names_role_rank_method_and_traceback(group):
     with pytest.raises(WorkerError) as err:
-        group.fail_on(1)
+        group.call("fail_on", 1)
     text = str(err.value)
     assert text.startswith("role 'echo': method 'fail_on' failed on rank 1 (of 2)")
     assert 'raise ValueError("boom")' in text and "ValueError: boom" in text
     assert "test_controller_groups.py" in text and ", in fail_on" in text
     assert err.value.ranks == [1] and isinstance(err.value.causes[1], ValueError)
-    assert group.whoami("after") == ["echo:0/2:after", "echo:1/2:after"]  # the workers live on
+    assert group.call("whoami", "after") == ["echo:0/2:after", "echo:1/2:after"]  # the workers live on
 
-    pending = group.fail_later()  # non-blocking: the error comes with get()
     with pytest.raises(WorkerError, match=r"(?s)failed on ranks 0, 1 \(of 2\).*--- ranks 0, 1: .*KeyError: 'missing'"):
-        pending.get()
+        group.call(EchoWorker.fail_everywhere)
 
 
 def test_calling_an_unregistered_method_says_how(group):
     with pytest.raises(AttributeError, match=r"EchoWorker.last_seen: it is not registered: decorate it with @register"):
-        group.last_seen()
-    with pytest.raises(AttributeError, match="registered methods: all_reduce_ranks, bump, "):
-        group.nope()
+        group.call(EchoWorker.last_seen)
+    with pytest.raises(AttributeError, match="registered methods: all_reduce_ranks, count_rollout_rows, "):
+        group.call("nope")
 
 
 def test_constructor_error_is_a_worker_error(cluster):
     pool = ResourcePool("broken", nnodes=1, devices_per_node=1, cpus_per_device=0.25)
     try:
         with pytest.raises(WorkerError) as err:
-            RayWorkerGroup(pool, BrokenWorker, "/nowhere", role="ref")
+            ray_group(pool, BrokenWorker, "/nowhere", role="ref")
         text = str(err.value)
         assert "role 'ref': method '__init__' failed on rank 0 (of 1)" in text
         assert "FileNotFoundError: no model at /nowhere" in text
@@ -299,9 +284,9 @@ def test_colocated_groups_share_each_bundle(group, pool):
     pg_id = pool.slots()[0].placement_group.id.hex()
     # each bundle: 0.5 CPU, of which the echo group (fraction 0.5) holds 0.25
     assert free_bundle_cpus(pg_id, [0.25, 0.25]) == [0.25, 0.25]
-    with RayWorkerGroup(pool, EchoWorker, "critic", role="critic", resource_fraction=0.5) as critic:
-        assert critic.whoami("c") == ["critic:0/2:c", "critic:1/2:c"]
-        a, b = group.placement(), critic.placement()
+    with ray_group(pool, EchoWorker, "critic", role="critic", resource_fraction=0.5) as critic:
+        assert critic.call(EchoWorker.whoami, "c") == ["critic:0/2:c", "critic:1/2:c"]
+        a, b = group.call(EchoWorker.placement), critic.call(EchoWorker.placement)
         for rank in range(2):
             assert a[rank]["rank"] == b[rank]["rank"] == rank
             assert a[rank]["node"] == b[rank]["node"] and a[rank]["pg"] == b[rank]["pg"] == pg_id
@@ -319,11 +304,11 @@ def test_a_pool_that_does_not_fit_says_what_the_cluster_has(cluster):
 
 def test_group_argument_errors(pool):
     with pytest.raises(TypeError, match="worker_cls must be a subclass of verl.controller.Worker"):
-        RayWorkerGroup(pool, object, role="x")
+        ray_group(pool, object, role="x")
     with pytest.raises(ValueError, match="resource_fraction must be in"):
-        RayWorkerGroup(pool, EchoWorker, role="x", resource_fraction=1.5)
+        ray_group(pool, EchoWorker, role="x", resource_fraction=1.5)
     with pytest.raises(ValueError, match="env may not set RANK"):
-        RayWorkerGroup(pool, EchoWorker, role="x", env={"RANK": "3"})
+        ray_group(pool, EchoWorker, role="x", env={"RANK": "3"})
     with pytest.raises(ValueError, match="unknown controller mode 'slurm'; choose one of ray, local"):
         make_worker_group("slurm", pool, EchoWorker, role="x")
 
@@ -346,34 +331,31 @@ def local_env():
 
 def test_local_group_same_calls(local_env):
     group = make_worker_group("local", ResourcePool("one", 1, 1), EchoWorker, "loc", role="actor", env={"RUN_TAG": "l"})
-    assert isinstance(group, LocalWorkerGroup) and group.world_size == 1
-    assert group.whoami("x") == ["loc:0/1:x"]
-    assert group.bump() == 0 and group.execute_all("calls") == [1]
-    out = group.tag_rows(batch(3), scale=3)
+    assert isinstance(group.executor, LocalExecutor) and group.world_size == 1
+    assert group.call(EchoWorker.whoami, "x") == ["loc:0/1:x"]
+    assert group.call_all(EchoWorker.tag_of) == ["loc"]
+    out = group.call("tag_rows", batch(3), scale=3)
     assert out.batch["ids"].tolist() == [0, 3, 6] and out.batch["rank"].tolist() == [0, 0, 0]
-    assert group.count_rows(batch(3)) == [(0, 3)]
+    assert group.call("count_rows", batch(3)) == [(0, 3)]
     data = batch(2)
-    assert group.mutate(data) == [100] and data.batch["ids"].tolist() == [0, 1]  # by value, as through Ray
-    pending = group.slow_square(4, delay_s=0.0)
-    assert pending.get() == [16] and pending.done()
-    assert group.all_reduce_ranks() == [[1.0, 10.0]]  # a world of one: the sum is its own tensor
+    assert group.call("mutate", data) == [100] and data.batch["ids"].tolist() == [0, 1]  # by value, as through Ray
+    assert group.call("all_reduce_ranks") == [[1.0, 10.0]]  # a world of one: the sum is its own tensor
     assert os.environ["RUN_TAG"] == "l" and os.environ["VERL_DEVICE"] == "cpu"
 
 
 def test_local_group_errors(local_env):
-    group = LocalWorkerGroup(None, EchoWorker, role="critic")
+    group = local_group(None, EchoWorker, role="critic")
     with pytest.raises(WorkerError) as err:
-        group.fail_on(0)
+        group.call("fail_on", 0)
     text = str(err.value)
     assert text.startswith("role 'critic': method 'fail_on' failed on rank 0 (of 1)")
     assert 'raise ValueError("boom")' in text and "test_controller_groups.py" in text
     assert isinstance(err.value.__cause__, ValueError)  # the live exception, for pdb.post_mortem
-    pending = group.fail_later()
     with pytest.raises(WorkerError, match="KeyError: 'missing'"):
-        pending.get()
+        group.call(EchoWorker.fail_everywhere)
     with pytest.raises(TypeError, match=r"critic\.tag_rows is DP_COMPUTE: its first positional argument must be a Da"):
-        group.tag_rows([1, 2])
+        group.call("tag_rows", [1, 2])
     with pytest.raises(WorkerError, match=r"(?s)role 'ref': method '__init__' failed on rank 0.*no model at /x"):
-        LocalWorkerGroup(None, BrokenWorker, "/x", role="ref")
+        local_group(None, BrokenWorker, "/x", role="ref")
     with pytest.raises(ValueError, match="local mode runs one in-process worker, but pool 'two' has 2 devices"):
-        LocalWorkerGroup(ResourcePool("two", 1, 2), EchoWorker, role="actor")
+        local_group(ResourcePool("two", 1, 2), EchoWorker, role="actor")

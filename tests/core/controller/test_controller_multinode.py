@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from ray.cluster_utils import Cluster
 
-from verl.controller import Dispatch, RayWorkerGroup, ResourcePool, Worker, register
+from verl.controller import Dispatch, ResourcePool, Worker, ray_group, register
 from verl.controller.worker_group import rendezvous_address
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
@@ -62,16 +62,16 @@ def test_pool_spans_two_nodes_and_ranks_share_a_gloo_group(two_nodes):
     pool = ResourcePool("across", nnodes=2, devices_per_node=1, cpus_per_device=1.0)
     slots = pool.slots()
     assert slots[0].node_id != slots[1].node_id
-    with RayWorkerGroup(pool, NodeWorker, role="actor") as group:
-        where = group.where()
+    with ray_group(pool, NodeWorker, role="actor") as group:
+        where = group.call("where")
         assert [w["rank"] for w in where] == [0, 1]
         assert where[0]["node"] != where[1]["node"]
         assert [w["node"] for w in where] == [s.node_id for s in slots]
         # each rank is alone on its node
         assert [(w["local_rank"], w["local_world_size"]) for w in where] == [(0, "1"), (0, "1")]
-        assert where[0]["master"] == where[1]["master"] == (group.master_addr, group.master_port)
+        assert where[0]["master"] == where[1]["master"] == (group.executor.master_addr, group.executor.master_port)
         # sum over ranks 0, 1 of [2**rank, rank] = [1 + 2, 0 + 1]
-        assert group.all_reduce() == [[3.0, 1.0], [3.0, 1.0]]
+        assert group.call("all_reduce") == [[3.0, 1.0], [3.0, 1.0]]
     pool.remove()
 
 

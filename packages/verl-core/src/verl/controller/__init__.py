@@ -1,7 +1,7 @@
 """The single controller: resource pools, worker groups and how calls on them are dispatched to workers.
 
 See dispatch.py (how a call is split and gathered), worker.py (the worker base class), resource_pool.py
-(Ray placement groups per pool), worker_group.py (Ray and in-process groups) and ray_cluster.py.
+(Ray placement groups per pool), worker_group.py (the group, over a Ray or an in-process executor) and ray_cluster.py.
 """
 
 from verl.controller.dispatch import Dispatch, register
@@ -9,26 +9,20 @@ from verl.controller.errors import WorkerError
 from verl.controller.ray_cluster import init_ray, shutdown_ray
 from verl.controller.resource_pool import ResourcePool, pools_from_plan
 from verl.controller.worker import Worker
-from verl.controller.worker_group import (
-    LocalWorkerGroup,
-    PendingCall,
-    RayWorkerGroup,
-    WorkerGroup,
-    make_worker_group,
-)
+from verl.controller.worker_group import CallStats, WorkerGroup, local_group, make_worker_group, ray_group
 
 __all__ = [
+    "CallStats",
     "Dispatch",
-    "LocalWorkerGroup",
-    "PendingCall",
-    "RayWorkerGroup",
     "ResourcePool",
     "Worker",
     "WorkerError",
     "WorkerGroup",
     "init_ray",
+    "local_group",
     "make_worker_group",
     "pools_from_plan",
+    "ray_group",
     "register",
     "shutdown_ray",
 ]

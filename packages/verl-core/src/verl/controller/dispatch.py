@@ -1,7 +1,7 @@
 """How a call on a worker group is split across ranks and gathered back, declared per worker method.
 
-A worker class marks the methods the driver may call with `@register(Dispatch.X)`. A worker group
-turns each such method into a method of the group, and a call on it goes through two plain functions:
+A worker class marks the methods the driver may call with `@register(Dispatch.X)`. A call on a worker group,
+`group.call(WorkerCls.method, ...)`, goes through two plain functions:
 
     per_rank = split(dispatch, label, args, kwargs, world_size, infos)   # what each rank is called with
     result   = gather(dispatch, label, results, infos)                   # what the driver gets back
@@ -32,8 +32,6 @@ from verl.protocol import DataProto
 class Dispatch(enum.Enum):
     ONE_TO_ALL = "one_to_all"  # the same arguments to every rank; a list of every rank's result
     DP_COMPUTE = "dp_compute"  # the first argument (a DataProto) split by dp rank; collected results concatenated
-    RANK_ZERO = "rank_zero"  # only rank 0 runs; its result
-    ALL_TO_ALL = "all_to_all"  # every argument is a list with one entry per rank; a list of every rank's result
 
 
 @dataclass(frozen=True)
@@ -41,7 +39,6 @@ class MethodSpec:
     """How a registered worker method is dispatched."""
 
     dispatch: Dispatch
-    blocking: bool  # False: the group call returns a handle at once; handle.get() waits and gathers
     mesh: str = "train"  # which of the worker's data-parallel layouts DP_COMPUTE splits by
 
 
@@ -56,15 +53,15 @@ class DispatchInfo:
 
 SPEC_ATTR = "__verl_dispatch__"
 
-# One call's arguments for one rank; None where the rank does not run (RANK_ZERO).
+# One call's arguments for one rank; None where the rank does not run.
 RankCall = tuple[tuple, dict] | None
 
 
-def register(dispatch: Dispatch = Dispatch.ONE_TO_ALL, *, blocking: bool = True, mesh: str = "train") -> Callable:
+def register(dispatch: Dispatch = Dispatch.ONE_TO_ALL, *, mesh: str = "train") -> Callable:
     """Mark a worker method as callable from the driver through a worker group.
 
-    Usable as `@register`, `@register(Dispatch.DP_COMPUTE)`, `@register(Dispatch.ONE_TO_ALL, blocking=False)`
-    or `@register(Dispatch.DP_COMPUTE, mesh="rollout")` (split by the worker's "rollout" layout).
+    Usable as `@register`, `@register(Dispatch.DP_COMPUTE)` or `@register(Dispatch.DP_COMPUTE, mesh="rollout")`
+    (split by the worker's "rollout" layout).
     The method itself is unchanged (a worker calling it directly gets a plain call). An override in a
     subclass keeps the base's registration unless it is decorated itself.
     """
@@ -79,7 +76,7 @@ def register(dispatch: Dispatch = Dispatch.ONE_TO_ALL, *, blocking: bool = True,
     def decorate(fn: Callable) -> Callable:
         if not inspect.isfunction(fn):
             raise TypeError(f"@register decorates a plain method (def name(self, ...)), got {fn!r}")
-        setattr(fn, SPEC_ATTR, MethodSpec(dispatch, blocking, mesh))
+        setattr(fn, SPEC_ATTR, MethodSpec(dispatch, mesh))
         return fn
 
     return decorate
@@ -151,21 +148,6 @@ def _split_one_to_all(label: str, args: tuple, kwargs: dict, world: int, infos: 
     return [(args, kwargs) for _ in range(world)]
 
 
-def _split_rank_zero(label: str, args: tuple, kwargs: dict, world: int, infos: Any) -> list[RankCall]:
-    return [(args, kwargs)] + [None] * (world - 1)
-
-
-def _split_all_to_all(label: str, args: tuple, kwargs: dict, world: int, infos: Any) -> list[RankCall]:
-    named = [(f"argument {i}", a) for i, a in enumerate(args)] + [(f"argument '{k}'", v) for k, v in kwargs.items()]
-    for name, arg in named:
-        if not isinstance(arg, (list, tuple)) or len(arg) != world:
-            got = f"a {type(arg).__name__} of length {len(arg)}" if isinstance(arg, (list, tuple)) else repr(arg)
-            raise ValueError(
-                f"{label} is ALL_TO_ALL: {name} must be a list with one entry per rank ({world}), got {got}"
-            )
-    return [(tuple(a[r] for a in args), {k: v[r] for k, v in kwargs.items()}) for r in range(world)]
-
-
 def _split_dp_compute(
     label: str, args: tuple, kwargs: dict, world: int, infos: Sequence[DispatchInfo]
 ) -> list[RankCall]:
@@ -186,8 +168,6 @@ def _split_dp_compute(
 
 SPLITTERS: dict[Dispatch, Callable[..., list[RankCall]]] = {
     Dispatch.ONE_TO_ALL: _split_one_to_all,
-    Dispatch.RANK_ZERO: _split_rank_zero,
-    Dispatch.ALL_TO_ALL: _split_all_to_all,
     Dispatch.DP_COMPUTE: _split_dp_compute,
 }
 
@@ -218,10 +198,6 @@ def _gather_all(label: str, results: Sequence[Any], infos: Any) -> list:
     return list(results)
 
 
-def _gather_rank_zero(label: str, results: Sequence[Any], infos: Any) -> Any:
-    return results[0]
-
-
 def _gather_dp_compute(label: str, results: Sequence[Any], infos: Sequence[DispatchInfo]) -> Any:
     collected = sorted((info.dp_rank, rank) for rank, info in enumerate(infos) if info.collect)
     outputs = [results[rank] for _, rank in collected]
@@ -235,8 +211,6 @@ def _gather_dp_compute(label: str, results: Sequence[Any], infos: Sequence[Dispa
 
 GATHERERS: dict[Dispatch, Callable[..., Any]] = {
     Dispatch.ONE_TO_ALL: _gather_all,
-    Dispatch.RANK_ZERO: _gather_rank_zero,
-    Dispatch.ALL_TO_ALL: _gather_all,
     Dispatch.DP_COMPUTE: _gather_dp_compute,
 }
 
@@ -245,6 +219,6 @@ def gather(dispatch: Dispatch, label: str, results: Sequence[Any], infos: Sequen
     """The driver's result from every rank's result (`results[rank]`; entries of ranks that did not run are ignored).
 
     DP_COMPUTE: the collect ranks' results ordered by dp rank, concatenated when they are all DataProtos,
-    else a list. ONE_TO_ALL / ALL_TO_ALL: the list of every rank's result. RANK_ZERO: rank 0's result.
+    else a list. ONE_TO_ALL: the list of every rank's result.
     """
     return GATHERERS[dispatch](label, results, infos)

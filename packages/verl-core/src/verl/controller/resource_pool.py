@@ -13,7 +13,7 @@ together when one machine has room for both, which is harmless. LOCAL_RANK is th
 the bundles actually landed, not from the requested node index.
 
 Colocation: worker groups built on the same ResourcePool object share its bundles. Each asks for a fraction of
-every bundle (RayWorkerGroup(resource_fraction=0.5) for two groups), so rank r of each group runs on the same
+every bundle (ray_group(..., resource_fraction=0.5) for two groups), so rank r of each group runs on the same
 device. Ranks are numbered node-major: node 0's devices first, as in verl.config.placement.
 """
 

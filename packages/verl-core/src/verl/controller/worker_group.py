@@ -1,37 +1,38 @@
-"""Worker groups: N copies of one worker class (Ray actors, or one in-process worker) driven as one object.
+"""Worker groups: N ranks of one worker class (Ray actors, or one in-process worker) driven as one object.
 
     pool = ResourcePool("hybrid", nnodes=1, devices_per_node=2)
-    actor = RayWorkerGroup(pool, ActorWorker, config, role="actor")
-    actor.init_model()                      # ONE_TO_ALL: every rank runs it; a list of results
-    out = actor.compute_log_prob(batch)     # DP_COMPUTE: batch split by dp rank, results concatenated
+    actor = ray_group(pool, ActorWorker, config, role="actor")
+    actor.call(ActorWorker.init_model)                   # ONE_TO_ALL: every rank runs it; a list of results
+    out = actor.call(ActorWorker.compute_log_prob, batch)  # DP_COMPUTE: split by dp rank, results concatenated
 
-Every method of the worker class marked `@register(...)` becomes a method of the group; a call runs
-`dispatch.split` (each rank's arguments), calls every rank, waits, and runs `dispatch.gather`.
-`@register(..., blocking=False)` methods return a PendingCall at once; `.get()` waits and gathers.
-A failure on any rank is raised as WorkerError (role, ranks, method, the worker's traceback).
-
-LocalWorkerGroup runs one worker (world size 1) in this process with the same calls, for debugging
-(`breakpoint()` works) and fast tests. Arguments and results are deep-copied, as a trip through Ray
-copies them, so a worker that mutates its input behaves the same in both modes.
+A call names the worker method itself (so go-to-definition leads from the call to the code that runs) or
+its name. It runs `dispatch.split` (each rank's arguments), sends every rank its part through the group's
+executor, waits, and runs `dispatch.gather`. There is one group; what differs between Ray and local mode is
+the executor: `RayExecutor` (one Ray actor per device of a pool) or `LocalExecutor` (one worker in this
+process, arguments and results deep-copied as a trip through Ray copies them, so `breakpoint()` works and a
+worker that mutates its input behaves the same in both modes). A failure on any rank is raised as
+WorkerError (role, ranks, method, the worker's traceback). Each group counts its round trips and the bytes
+of tensors it ships each way (`take_stats`), which the trainer reports per step.
 """
 
 from __future__ import annotations
 
 import copy
 import os
-import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import ray
+import torch
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from verl.controller.dispatch import (
     Dispatch,
     DispatchInfo,
-    MethodSpec,
     RankCall,
     gather,
     read_dispatch_infos,
@@ -41,6 +42,7 @@ from verl.controller.dispatch import (
 from verl.controller.errors import WorkerError, clean_traceback
 from verl.controller.resource_pool import ResourcePool, Slot
 from verl.controller.worker import DEVICE_ENV, Worker, free_port
+from verl.protocol import DataProto
 
 # After one rank fails, how long to wait for the others before raising: long enough to report ranks that fail
 # together, short enough not to hang on ranks stuck in a collective with the failed one.
@@ -52,72 +54,134 @@ RESERVED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_
 PASSED_ENV = ("RAY_AUTH_MODE",)
 
 
-class WorkerGroup(Protocol):
-    """What the trainer uses of a worker group, besides the registered methods attached to it."""
+class Executor(Protocol):
+    """Runs one method on every rank of a group with that rank's arguments; every rank's result."""
 
-    role: str
     world_size: int
 
-    def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list: ...
-
-    def execute_rank_zero(self, method: str, *args: Any, **kwargs: Any) -> Any: ...
-
-    def refresh_dispatch_info(self) -> list[dict]: ...
+    def run(self, role: str, method: str, per_rank: list[RankCall]) -> list: ...
 
     def shutdown(self) -> None: ...
 
 
 # ---------------------------------------------------------------------------------------------
-# Results in flight
+# The group
 # ---------------------------------------------------------------------------------------------
 
 
-class PendingCall:
-    """A call running on the ranks of a Ray worker group; `get()` waits, raises WorkerError, gathers."""
+@dataclass
+class CallStats:
+    """Round trips to a group's workers and the bytes of tensors and arrays shipped each way."""
 
-    def __init__(
-        self, role: str, method: str, refs: Sequence[ray.ObjectRef | None], finish: Callable[[list], Any]
-    ) -> None:
-        self.role, self.method = role, method
-        self._refs = list(refs)  # one per rank; None where the rank does not run
-        self._finish = finish
-        self._done = False
-        self._value: Any = None
-
-    def done(self) -> bool:
-        """Whether every rank has finished (without waiting)."""
-        refs = [ref for ref in self._refs if ref is not None]
-        return self._done or len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) == len(refs)
-
-    def get(self, timeout_s: float | None = None) -> Any:
-        """The gathered result; TimeoutError (the call keeps running) if ranks are still busy after timeout_s."""
-        if not self._done:
-            results = collect(self.role, self.method, self._refs, timeout_s)
-            self._value, self._done = self._finish(results), True
-        return self._value
+    calls: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
 
 
-class DoneCall:
-    """The local group's stand-in for PendingCall: the call already ran; `get()` returns or raises."""
+def payload_bytes(value: Any) -> int:
+    """Bytes of the tensors and numeric arrays in `value` (what dominates a call's transfer)."""
+    if isinstance(value, DataProto):
+        tensors = sum(t.numel() * t.element_size() for t in value.batch.values()) if value.batch is not None else 0
+        return tensors + sum(payload_bytes(a) for a in value.non_tensor_batch.values())
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, dict):
+        return sum(payload_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(payload_bytes(v) for v in value)
+    return 0
 
-    def __init__(self, finish: Callable[[], Any]) -> None:
-        self._finish = finish
 
-    def done(self) -> bool:
-        return True
-
-    def get(self, timeout_s: float | None = None) -> Any:
-        return self._finish()
+def check_worker_cls(worker_cls: type) -> None:
+    if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
+        raise TypeError(f"worker_cls must be a subclass of verl.controller.Worker, got {worker_cls!r}")
 
 
-def collect(role: str, method: str, refs: Sequence[ray.ObjectRef | None], timeout_s: float | None = None) -> list:
+class WorkerGroup:
+    """The ranks of one worker class, called as one: `call` for registered methods, `call_all` for any."""
+
+    def __init__(self, executor: Executor, worker_cls: type[Worker], role: str) -> None:
+        self.executor, self.worker_cls, self.role = executor, worker_cls, role
+        self.methods = registered_methods(worker_cls)
+        self.world_size = executor.world_size
+        self.stats = CallStats()
+        self._infos: dict[str, list[DispatchInfo]] = {}
+
+    def call(self, method: Callable | str, *args: Any, **kwargs: Any) -> Any:
+        """Call a registered worker method on the ranks its dispatch says, with the arguments split as it says."""
+        name = self._registered(method)
+        spec = self.methods[name]
+        label = f"{self.role}.{name}"
+        infos = self._dispatch_infos(spec.mesh) if spec.dispatch is Dispatch.DP_COMPUTE else None
+        per_rank = split(spec.dispatch, label, args, kwargs, self.world_size, infos)
+        return gather(spec.dispatch, label, self._run(name, per_rank), infos)
+
+    def call_all(self, method: Callable | str, *args: Any, **kwargs: Any) -> list:
+        """Call any worker method (registered or not) on every rank with the same arguments; every rank's result."""
+        name = method if isinstance(method, str) else method.__name__
+        if not callable(getattr(self.worker_cls, name, None)):
+            raise AttributeError(f"{self.worker_cls.__name__} has no method '{name}'")
+        return self._run(name, split(Dispatch.ONE_TO_ALL, name, args, kwargs, self.world_size))
+
+    def take_stats(self) -> CallStats:
+        """The round trips and bytes since the last take (then counting starts again)."""
+        stats, self.stats = self.stats, CallStats()
+        return stats
+
+    def refresh_dispatch_info(self) -> list[dict]:
+        """Forget every mesh's cached layout (the group reads each mesh once, at its first DP_COMPUTE call, and
+        again after this); returns the ranks' "train" layout, re-read now."""
+        self._infos = {}
+        return [vars(info).copy() for info in self._dispatch_infos("train")]
+
+    def shutdown(self) -> None:
+        """Stop the workers (a pool's reservation stays: other groups may share it; see ResourcePool.remove)."""
+        self.executor.shutdown()
+
+    def __enter__(self) -> WorkerGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def _registered(self, method: Callable | str) -> str:
+        name = method if isinstance(method, str) else getattr(method, "__name__", repr(method))
+        if name in self.methods:
+            return name
+        cls = self.worker_cls
+        if callable(getattr(cls, name, None)):
+            hint = f"it is not registered: decorate it with @register(...), or use group.call_all('{name}', ...)"
+        else:
+            hint = f"registered methods: {', '.join(sorted(self.methods)) or 'none'}"
+        raise AttributeError(f"worker group '{self.role}' cannot call '{name}' ({cls.__name__}.{name}: {hint})")
+
+    def _run(self, name: str, per_rank: list[RankCall]) -> list:
+        self.stats.calls += 1
+        self.stats.bytes_sent += sum(payload_bytes(call) for call in per_rank if call is not None)
+        results = self.executor.run(self.role, name, per_rank)
+        self.stats.bytes_received += payload_bytes(results)
+        return results
+
+    def _dispatch_infos(self, mesh: str = "train") -> list[DispatchInfo]:
+        if mesh not in self._infos:
+            self._infos[mesh] = read_dispatch_infos(self.role, self.call_all("dispatch_info", mesh))
+        return self._infos[mesh]
+
+
+# ---------------------------------------------------------------------------------------------
+# Ray: one actor per device of a pool
+# ---------------------------------------------------------------------------------------------
+
+
+def collect(role: str, method: str, refs: Sequence[ray.ObjectRef | None]) -> list:
     """Every rank's result (None where it did not run); WorkerError naming each rank that failed."""
     rank_of = {ref: rank for rank, ref in enumerate(refs) if ref is not None}
     results: list[Any] = [None] * len(refs)
     tracebacks: dict[int, str] = {}
     causes: dict[int, BaseException | None] = {}
     pending = list(rank_of)
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
 
     def take(ready: list) -> None:
         for ref in ready:
@@ -130,11 +194,7 @@ def collect(role: str, method: str, refs: Sequence[ray.ObjectRef | None], timeou
                 tracebacks[rank], causes[rank] = clean_traceback(f"{type(err).__name__}: {err}"), None
 
     while pending and not tracebacks:
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        ready, pending = ray.wait(pending, num_returns=1, timeout=left)
-        if not ready:
-            busy = sorted(rank_of[ref] for ref in pending)
-            raise TimeoutError(f"role '{role}': method '{method}' still running on ranks {busy} after {timeout_s} s")
+        ready, pending = ray.wait(pending, num_returns=1)
         take(ready)
     if tracebacks and pending:  # a rank failed: give the rest a short grace to finish or fail too, then report
         ready, pending = ray.wait(pending, num_returns=len(pending), timeout=FAILURE_GRACE_S)
@@ -143,62 +203,6 @@ def collect(role: str, method: str, refs: Sequence[ray.ObjectRef | None], timeou
         unfinished = sorted(rank_of[ref] for ref in pending)
         raise WorkerError(role, method, tracebacks, causes, len(refs), unfinished)
     return results
-
-
-# ---------------------------------------------------------------------------------------------
-# Shared by both groups
-# ---------------------------------------------------------------------------------------------
-
-
-def check_worker_cls(worker_cls: type) -> None:
-    if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
-        raise TypeError(f"worker_cls must be a subclass of verl.controller.Worker, got {worker_cls!r}")
-
-
-def attach_methods(group: Any, worker_cls: type, methods: dict[str, MethodSpec], call: Callable) -> None:
-    """Give the group one method per registered worker method: group.name(*a, **k) -> call(name, a, k)."""
-    for name, spec in methods.items():
-        if hasattr(type(group), name) or name in vars(group):
-            raise TypeError(
-                f"{worker_cls.__name__}.{name} is registered, but {type(group).__name__} already has an "
-                f"attribute '{name}'; rename the worker method"
-            )
-
-        method = _group_method(call, name)
-        method.__name__ = name
-        method.__qualname__ = f"{type(group).__name__}.{name}"
-        doc = getattr(worker_cls, name).__doc__
-        method.__doc__ = f"[{spec.dispatch.name}{'' if spec.blocking else ', non-blocking'}] {doc or ''}".rstrip()
-        setattr(group, name, method)
-
-
-def _group_method(call: Callable, name: str) -> Callable:
-    def method(*args: Any, **kwargs: Any) -> Any:
-        return call(name, args, kwargs)
-
-    return method
-
-
-def unknown_method(group: Any, name: str) -> AttributeError:
-    """The error for group.name when name is not a registered method of the worker class."""
-    if name.startswith("__") or "worker_cls" not in vars(group):
-        return AttributeError(name)
-    cls = group.worker_cls
-    registered = ", ".join(sorted(group.methods)) or "none"
-    if callable(getattr(cls, name, None)):
-        hint = f"it is not registered: decorate it with @register(...), or call group.execute_all('{name}', ...)"
-    else:
-        hint = f"registered methods: {registered}"
-    return AttributeError(f"worker group '{group.role}' has no method '{name}' ({cls.__name__}.{name}: {hint})")
-
-
-def _label(role: str, method: str) -> str:
-    return f"{role}.{method}"
-
-
-# ---------------------------------------------------------------------------------------------
-# Ray
-# ---------------------------------------------------------------------------------------------
 
 
 @ray.remote(num_cpus=0)
@@ -236,7 +240,13 @@ def _put_shared(per_rank: list[RankCall]) -> list[RankCall]:
     ]
 
 
-class RayWorkerGroup:
+def _check_env(env: dict[str, str] | None) -> None:
+    clash = sorted(set(env or {}) & set(RESERVED_ENV))
+    if clash:
+        raise ValueError(f"env may not set {', '.join(clash)}: the worker group sets them for each rank")
+
+
+class RayExecutor:
     """One Ray actor of `worker_cls` per device of `pool`, each given torchrun-style rank variables.
 
     `resource_fraction` of every bundle is asked for, so groups with fractions summing to <= 1 can share a pool
@@ -249,35 +259,29 @@ class RayWorkerGroup:
         self,
         pool: ResourcePool,
         worker_cls: type[Worker],
-        *args: Any,
+        args: tuple,
+        kwargs: dict,
+        *,
         role: str,
         env: dict[str, str] | None = None,
         resource_fraction: float = 1.0,
-        **kwargs: Any,
     ) -> None:
-        check_worker_cls(worker_cls)
         if not 0 < resource_fraction <= 1:
             raise ValueError(f"resource_fraction must be in (0, 1], got {resource_fraction}")
-        clash = sorted(set(env or {}) & set(RESERVED_ENV))
-        if clash:
-            raise ValueError(f"env may not set {', '.join(clash)}: the worker group sets them for each rank")
-        self.role, self.pool, self.worker_cls = role, pool, worker_cls
-        self.resource_fraction = resource_fraction
-        self.methods = registered_methods(worker_cls)
+        _check_env(env)
+        self.pool, self.resource_fraction = pool, resource_fraction
         self.slots: list[Slot] = pool.slots()
         self.world_size = len(self.slots)
         self.master_addr, self.master_port = rendezvous_address(self.slots[0])
         remote_cls = ray.remote(worker_cls)
-        self._actors = [
+        self.actors = [
             remote_cls.options(**self._actor_options(slot, env or {})).remote(*args, **kwargs) for slot in self.slots
         ]
         try:
-            collect(role, "__init__", [actor.__ray_ready__.remote() for actor in self._actors])
+            collect(role, "__init__", [actor.__ray_ready__.remote() for actor in self.actors])
         except WorkerError:
             self.shutdown()
             raise
-        self._infos: dict[str, list[DispatchInfo]] = {}
-        attach_methods(self, worker_cls, self.methods, self._call)
 
     def _actor_options(self, slot: Slot, env: dict[str, str]) -> dict[str, Any]:
         env_vars = {key: os.environ[key] for key in PASSED_ENV if key in os.environ}
@@ -298,65 +302,17 @@ class RayWorkerGroup:
             "runtime_env": {"env_vars": env_vars},
         }
 
-    @property
-    def actors(self) -> list[ray.actor.ActorHandle]:
-        """The Ray actor handles, in rank order (for what the group does not cover)."""
-        return list(self._actors)
-
-    def __getattr__(self, name: str) -> Any:
-        raise unknown_method(self, name)
-
-    def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
-        spec = self.methods[name]
-        label = _label(self.role, name)
-        infos = self._dispatch_infos(spec.mesh) if spec.dispatch is Dispatch.DP_COMPUTE else None
-        per_rank = _put_shared(split(spec.dispatch, label, args, kwargs, self.world_size, infos))
-        refs = [
-            None if call is None else getattr(actor, name).remote(*call[0], **call[1])
-            for actor, call in zip(self._actors, per_rank)
-        ]
-        pending = PendingCall(self.role, name, refs, lambda results: gather(spec.dispatch, label, results, infos))
-        return pending.get() if spec.blocking else pending
-
-    def _run(self, method: str, per_rank: list[RankCall]) -> list:
-        if getattr(self.worker_cls, method, None) is None:
-            raise AttributeError(f"{self.worker_cls.__name__} has no method '{method}'")
+    def run(self, role: str, method: str, per_rank: list[RankCall]) -> list:
         refs = [
             None if call is None else getattr(actor, method).remote(*call[0], **call[1])
-            for actor, call in zip(self._actors, _put_shared(per_rank))
+            for actor, call in zip(self.actors, _put_shared(per_rank))
         ]
-        return collect(self.role, method, refs)
-
-    def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list:
-        """Call any worker method (registered or not) on every rank with the same arguments; every rank's result."""
-        return self._run(method, split(Dispatch.ONE_TO_ALL, method, args, kwargs, self.world_size))
-
-    def execute_rank_zero(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Call any worker method on rank 0 only; its result."""
-        return self._run(method, split(Dispatch.RANK_ZERO, method, args, kwargs, self.world_size))[0]
-
-    def _dispatch_infos(self, mesh: str = "train") -> list[DispatchInfo]:
-        if mesh not in self._infos:
-            self._infos[mesh] = read_dispatch_infos(self.role, self.execute_all("dispatch_info", mesh))
-        return self._infos[mesh]
-
-    def refresh_dispatch_info(self) -> list[dict]:
-        """Forget every mesh's cached layout (the group reads each mesh once, at its first DP_COMPUTE call, and
-        again after this); returns the ranks' "train" layout, re-read now."""
-        self._infos = {}
-        return [vars(info).copy() for info in self._dispatch_infos("train")]
+        return collect(role, method, refs)
 
     def shutdown(self) -> None:
-        """Kill the actors (the pool's reservation stays: other groups may share it; see ResourcePool.remove)."""
-        for actor in self._actors:
+        for actor in self.actors:
             ray.kill(actor, no_restart=True)
-        self._actors = []
-
-    def __enter__(self) -> RayWorkerGroup:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
+        self.actors = []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,17 +321,17 @@ class RayWorkerGroup:
 
 
 def _local_traceback(err: BaseException) -> str:
-    """The worker-side part of a traceback caught by the local group (its own frame dropped)."""
+    """The worker-side part of a traceback caught by the local executor (its own frame dropped)."""
     tb = err.__traceback__.tb_next if err.__traceback__ is not None else None
     return "".join(traceback.format_exception(type(err), err, tb or err.__traceback__)).rstrip()
 
 
-class LocalWorkerGroup:
-    """One `worker_cls` in this process (world size 1), with the same calls and errors as RayWorkerGroup.
+class LocalExecutor:
+    """One `worker_cls` in this process (world size 1), with the same calls and errors as RayExecutor.
 
     The process environment gets RANK=0, WORLD_SIZE=1, LOCAL_RANK=0, MASTER_ADDR/PORT (kept when already
     set: colocated local groups share this process and its one process group) and `env`. `pool` (optional) only
-    gives the device type, and `resource_fraction` is accepted for the same signature as RayWorkerGroup.
+    gives the device type.
     """
 
     world_size = 1
@@ -384,23 +340,18 @@ class LocalWorkerGroup:
         self,
         pool: ResourcePool | None,
         worker_cls: type[Worker],
-        *args: Any,
+        args: tuple,
+        kwargs: dict,
+        *,
         role: str,
         env: dict[str, str] | None = None,
-        resource_fraction: float = 1.0,
-        **kwargs: Any,
     ) -> None:
-        check_worker_cls(worker_cls)
         if pool is not None and pool.world_size != 1:
             raise ValueError(
                 f"local mode runs one in-process worker, but pool '{pool.name}' has {pool.world_size} devices "
                 f"(node sizes {list(pool.node_sizes)}); use a 1-device pool or mode='ray'"
             )
-        clash = sorted(set(env or {}) & set(RESERVED_ENV))
-        if clash:
-            raise ValueError(f"env may not set {', '.join(clash)}: the worker group sets them")
-        self.role, self.pool, self.worker_cls = role, pool, worker_cls
-        self.methods = registered_methods(worker_cls)
+        _check_env(env)
         os.environ.update({key: str(value) for key, value in (env or {}).items()})
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
         os.environ.update({DEVICE_ENV: pool.device if pool is not None else "cpu"})
@@ -410,75 +361,64 @@ class LocalWorkerGroup:
             self.worker = worker_cls(*copy.deepcopy(args), **copy.deepcopy(kwargs))
         except Exception as err:
             raise WorkerError(role, "__init__", {0: _local_traceback(err)}, {0: err}, 1) from err
-        self._infos: dict[str, list[DispatchInfo]] = {}
-        attach_methods(self, worker_cls, self.methods, self._call)
 
-    def __getattr__(self, name: str) -> Any:
-        raise unknown_method(self, name)
-
-    def _run_one(self, method: str, call: RankCall) -> Any:
+    def run(self, role: str, method: str, per_rank: list[RankCall]) -> list:
         """Call the worker method by value (deep copies in and out, like a Ray round trip)."""
+        (call,) = per_rank
         if call is None:
-            return None
+            return [None]
         args, kwargs = copy.deepcopy(call)
         try:
             result = getattr(self.worker, method)(*args, **kwargs)
         except Exception as err:
-            raise WorkerError(self.role, method, {0: _local_traceback(err)}, {0: err}, 1) from err
-        return copy.deepcopy(result)
-
-    def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
-        spec = self.methods[name]
-        label = _label(self.role, name)
-        infos = self._dispatch_infos(spec.mesh) if spec.dispatch is Dispatch.DP_COMPUTE else None
-        (call,) = split(spec.dispatch, label, args, kwargs, 1, infos)
-        try:
-            results, error = [self._run_one(name, call)], None
-        except WorkerError as err:  # raised by get(), as a Ray call's error would be
-            results, error = None, err
-
-        def finish() -> Any:
-            if error is not None:
-                raise error
-            return gather(spec.dispatch, label, results, infos)
-
-        pending = DoneCall(finish)
-        return pending.get() if spec.blocking else pending
-
-    def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list:
-        if getattr(self.worker_cls, method, None) is None:
-            raise AttributeError(f"{self.worker_cls.__name__} has no method '{method}'")
-        return [self._run_one(method, (args, kwargs))]
-
-    def execute_rank_zero(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return self.execute_all(method, *args, **kwargs)[0]
-
-    def _dispatch_infos(self, mesh: str = "train") -> list[DispatchInfo]:
-        if mesh not in self._infos:
-            self._infos[mesh] = read_dispatch_infos(self.role, self.execute_all("dispatch_info", mesh))
-        return self._infos[mesh]
-
-    def refresh_dispatch_info(self) -> list[dict]:
-        self._infos = {}
-        return [vars(info).copy() for info in self._dispatch_infos("train")]
+            raise WorkerError(role, method, {0: _local_traceback(err)}, {0: err}, 1) from err
+        return [copy.deepcopy(result)]
 
     def shutdown(self) -> None:
         self.worker = None
 
-    def __enter__(self) -> LocalWorkerGroup:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
+# ---------------------------------------------------------------------------------------------
+# Making groups
+# ---------------------------------------------------------------------------------------------
 
 
-GROUPS: dict[str, type] = {"ray": RayWorkerGroup, "local": LocalWorkerGroup}
+def ray_group(
+    pool: ResourcePool,
+    worker_cls: type[Worker],
+    *args: Any,
+    role: str,
+    env: dict[str, str] | None = None,
+    resource_fraction: float = 1.0,
+    **kwargs: Any,
+) -> WorkerGroup:
+    """A group of Ray actors, one per device of `pool` (see RayExecutor)."""
+    check_worker_cls(worker_cls)
+    executor = RayExecutor(pool, worker_cls, args, kwargs, role=role, env=env, resource_fraction=resource_fraction)
+    return WorkerGroup(executor, worker_cls, role)
+
+
+def local_group(
+    pool: ResourcePool | None,
+    worker_cls: type[Worker],
+    *args: Any,
+    role: str,
+    env: dict[str, str] | None = None,
+    resource_fraction: float = 1.0,
+    **kwargs: Any,
+) -> WorkerGroup:
+    """A group of one worker in this process (see LocalExecutor); `resource_fraction` is accepted and unused."""
+    check_worker_cls(worker_cls)
+    return WorkerGroup(LocalExecutor(pool, worker_cls, args, kwargs, role=role, env=env), worker_cls, role)
+
+
+GROUPS: dict[str, Callable[..., WorkerGroup]] = {"ray": ray_group, "local": local_group}
 
 
 def make_worker_group(
     mode: str, pool: ResourcePool | None, worker_cls: type[Worker], *args: Any, role: str, **kwargs: Any
 ) -> WorkerGroup:
-    """A RayWorkerGroup (mode='ray') or LocalWorkerGroup (mode='local'), as trainer.controller says."""
+    """A Ray group (mode='ray') or an in-process one (mode='local'), as trainer.controller says."""
     if mode not in GROUPS:
         raise ValueError(f"unknown controller mode {mode!r}; choose one of {', '.join(GROUPS)} (trainer.controller)")
     return GROUPS[mode](pool, worker_cls, *args, role=role, **kwargs)

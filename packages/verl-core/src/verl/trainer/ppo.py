@@ -36,7 +36,9 @@ from verl.trainer.timer import StageTimer
 from verl.trainer.warm_start import prepare_model
 from verl.trainer.workers import start_workers
 from verl.utils.rng import get_rng_state, set_rng_state
+from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from verl.workers.columns import CRITIC_UPDATE, MODEL_INPUTS, PROMPTS, actor_update_columns
+from verl.workers.critic import CriticWorker
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +140,7 @@ class PPOTrainer:
     def sample(self, prompts: DataProto, n: int, temperature: Optional[float] = None) -> DataProto:
         """n responses per prompt (samples of a prompt adjacent). Only the prompt tensors travel to the workers;
         the text columns (raw prompts, ground truths, uids) stay here and are repeated alongside."""
-        out = self.workers.actor_rollout.generate(prompts.select(PROMPTS, []), n=n, temperature=temperature)
+        out = self.workers.actor_rollout.call(ActorRolloutRefWorker.generate, prompts.select(PROMPTS, []), n=n, temperature=temperature)
         return out.union(prompts.select([], None).repeat(n, interleave=True))
 
     def greedy_baselines(self, prompts: DataProto) -> torch.Tensor:
@@ -187,9 +189,9 @@ class PPOTrainer:
     def compute_log_probs(self, batch: DataProto) -> DataProto:
         """Old (and reference) log-probs in one call to the actor's workers; values from the critic's."""
         inputs = batch.select(MODEL_INPUTS, [])
-        batch = batch.union(self.workers.actor_rollout.compute_log_probs(inputs))
+        batch = batch.union(self.workers.actor_rollout.call(ActorRolloutRefWorker.compute_log_probs, inputs))
         if self.use_critic:
-            batch = batch.union(self.workers.critic.compute_values(inputs))
+            batch = batch.union(self.workers.critic.call(CriticWorker.compute_values, inputs))
         return batch
 
     def compute_advantages(self, batch: DataProto) -> Dict[str, float]:
@@ -223,14 +225,15 @@ class PPOTrainer:
         perf/weight_sync_bytes and perf/weight_sync_comm_bytes summed over ranks, timing/weight_sync_s)."""
         metrics: Dict[str, float] = {}
         if self.use_critic:
-            metrics.update(_mean_over_ranks(self.workers.critic.update_critic(batch.select(CRITIC_UPDATE, []))))
+            metrics.update(_mean_over_ranks(self.workers.critic.call(CriticWorker.update_critic, batch.select(CRITIC_UPDATE, []))))
         actor_batch = batch.select(actor_update_columns(self.cfg), [])
-        metrics.update(_mean_over_ranks(self.workers.actor_rollout.update_actor(actor_batch)))
+        metrics.update(_mean_over_ranks(self.workers.actor_rollout.call(ActorRolloutRefWorker.update_actor, actor_batch)))
         return metrics
 
     # ---- one step, validation, checkpoints ----------------------------------------------------------
     def train_step(self, prompts: DataProto) -> Dict[str, float]:
         timer = StageTimer()
+        self.workers.take_stats()  # count this step's calls only (not validation's or a checkpoint's)
         start = time.perf_counter()
         with timer("gen"):
             batch = self.generate(prompts)
@@ -261,6 +264,7 @@ class PPOTrainer:
             )
         )
         metrics.update(timer.metrics())
+        metrics.update(self.workers.take_stats())
         metrics.update({"timing/step_s": step_s, "perf/tokens_per_s": tokens_in(batch) / step_s})
         return metrics
 
@@ -288,9 +292,9 @@ class PPOTrainer:
 
     def save_checkpoint(self) -> str:
         def write(path: str) -> None:
-            self.workers.actor_rollout.save_checkpoint(path)
+            self.workers.actor_rollout.call(ActorRolloutRefWorker.save_checkpoint, path)
             if self.workers.critic is not None:
-                self.workers.critic.save_checkpoint(path)
+                self.workers.critic.call(CriticWorker.save_checkpoint, path)
 
         state = {
             "step": self.step,
@@ -307,9 +311,9 @@ class PPOTrainer:
         if path is None:
             return
         state = self.checkpoints.load_state(path)
-        self.workers.actor_rollout.load_checkpoint(path)
+        self.workers.actor_rollout.call(ActorRolloutRefWorker.load_checkpoint, path)
         if self.workers.critic is not None:
-            self.workers.critic.load_checkpoint(path)
+            self.workers.critic.call(CriticWorker.load_checkpoint, path)
         self.step = state["step"]
         self.train_loader.load_state_dict(state["data"])
         if self.kl_ctrl is not None and state["kl_coef"] is not None:
@@ -344,7 +348,7 @@ class PPOTrainer:
                 if (every and self.step % every == 0) or last:
                     self.save_checkpoint()
             if self.cfg.checkpoint.save_hf:
-                self.workers.actor_rollout.export_hf(os.path.join(self.output_dir, "hf"))
+                self.workers.actor_rollout.call(ActorRolloutRefWorker.export_hf, os.path.join(self.output_dir, "hf"))
         finally:
             progress.close()
             self.tracker.close()

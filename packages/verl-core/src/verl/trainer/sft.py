@@ -98,17 +98,17 @@ def run_sft(cfg: SFTConfig) -> Dict[str, float]:
     group = make_worker_group(cfg.controller, pool, SFTWorker, cfg, role="sft")
     metrics: Dict[str, float] = {}
     try:
-        group.init_model()
+        group.call(SFTWorker.init_model)
         start = time.perf_counter()
         for step in range(1, cfg.steps + 1):
-            per_rank = group.train_step(engine_batch(loader.next_batch()))
+            per_rank = group.call(SFTWorker.train_step, engine_batch(loader.next_batch()))
             metrics = per_rank[0] if isinstance(per_rank, list) else per_rank
             if step % cfg.log_every == 0 or step == cfg.steps:
                 print(
                     f"sft step {step}/{cfg.steps}: loss {metrics['loss']:.4f} ({time.perf_counter() - start:.0f} s)",
                     flush=True,
                 )
-        group.export_hf(cfg.output_dir)
+        group.call(SFTWorker.export_hf, cfg.output_dir)
     finally:
         group.shutdown()
     return metrics

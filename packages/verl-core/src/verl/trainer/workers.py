@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from verl.config.plan import Plan
 from verl.controller import make_worker_group, pools_from_plan
@@ -17,6 +17,16 @@ class Workers:
     actor_rollout: Any  # a worker group of ActorRolloutRefWorker
     critic: Optional[Any]  # a worker group of CriticWorker, when the run has a critic
     pools: List[Any] = field(default_factory=list)  # the run's resource pools, released at shutdown
+
+    def take_stats(self) -> Dict[str, float]:
+        """Round trips to the workers and bytes shipped each way since the last take, over every group:
+        perf/worker_calls, perf/worker_bytes_sent, perf/worker_bytes_received."""
+        stats = [g.take_stats() for g in (self.actor_rollout, self.critic) if g is not None]
+        return {
+            "perf/worker_calls": float(sum(s.calls for s in stats)),
+            "perf/worker_bytes_sent": float(sum(s.bytes_sent for s in stats)),
+            "perf/worker_bytes_received": float(sum(s.bytes_received for s in stats)),
+        }
 
     def shutdown(self) -> None:
         """Stop the workers, then release their pools' reservations (another run in this Ray session needs them)."""
@@ -68,7 +78,9 @@ def start_workers(cfg: Any, plan: Plan, *, model_path: str, tokenizer_path: Opti
             env=env,
             resource_fraction=fraction,
         )
-    actor_rollout.init_model()
+    actor_rollout.call(ActorRolloutRefWorker.init_model)
     if critic is not None:
-        critic.init_model()
-    return Workers(actor_rollout, critic, list(pools.values()))
+        critic.call(CriticWorker.init_model)
+    workers = Workers(actor_rollout, critic, list(pools.values()))
+    workers.take_stats()  # a step's figures count that step's calls only
+    return workers
