@@ -15,7 +15,7 @@ import pytest
 import ray
 import torch
 
-from tests.megatron.workers import (
+from tests.support.megatron_workers import (
     EngineWorker,
     check_log_probs,
     hf_model,
@@ -28,7 +28,7 @@ from verl.controller import ResourcePool, make_worker_group
 
 # Test modules are not installed in the worker processes: ship these by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-ray.cloudpickle.register_pickle_by_value(sys.modules["tests.megatron.workers"])
+ray.cloudpickle.register_pickle_by_value(sys.modules["tests.support.megatron_workers"])
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from tests.trainer.run_configs import tiny_config
+from tests.support.run_configs import tiny_config
 from verl.trainer.ppo import PPOTrainer
 
 

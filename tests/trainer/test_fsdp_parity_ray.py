@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine_fixtures import policy_batch
-from tests.trainer.run_configs import tiny_config
+from tests.support.engines import policy_batch
+from tests.support.run_configs import tiny_config
 from verl.controller import make_worker_group, pools_from_plan
 from verl.embedded.models import materialize_embedded_model
 from verl.placement import make_plan

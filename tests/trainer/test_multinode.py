@@ -8,7 +8,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from tests.trainer.run_configs import tiny_config
+from tests.support.run_configs import tiny_config
 from verl.trainer.ppo import PPOTrainer
 
 

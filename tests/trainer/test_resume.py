@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.trainer.run_configs import ODD_LENGTH_REWARD, RECIPES, tiny_overrides
+from tests.support.run_configs import ODD_LENGTH_REWARD, RECIPES, tiny_overrides
 
 EXTRA = (
     "trainer.controller=local",

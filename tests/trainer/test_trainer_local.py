@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.trainer.run_configs import odd_length_reward, tiny_config
+from tests.support.run_configs import odd_length_reward, tiny_config
 from verl.trainer.ppo import PPOTrainer
 
 

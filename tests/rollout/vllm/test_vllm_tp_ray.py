@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fixtures import ray_two_cpus  # noqa: F401
-from tests.trainer.run_configs import ODD_LENGTH_REWARD, fit, tiny_config
+from tests.support.fixtures import ray_two_cpus  # noqa: F401
+from tests.support.run_configs import ODD_LENGTH_REWARD, fit, tiny_config
 
 
 @pytest.fixture(autouse=True)

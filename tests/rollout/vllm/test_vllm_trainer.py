@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.trainer.run_configs import ODD_LENGTH_REWARD, fit, tiny_config
+from tests.support.run_configs import ODD_LENGTH_REWARD, fit, tiny_config
 
 
 @pytest.fixture(autouse=True)
