@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import ray
 import torch
 
@@ -20,6 +21,8 @@ from tests.support.run_configs import RECIPES
 from verl.config.schema import OptimConfig
 from verl.controller import ResourcePool, make_worker_group
 from verl.protocol import DataProto
+
+pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 ray.cloudpickle.register_pickle_by_value(sys.modules["tests.support.megatron_workers"])

@@ -13,6 +13,8 @@ import torch
 from tests.support.run_configs import tiny_config
 from verl.trainer.ppo import PPOTrainer
 
+pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
+
 
 @pytest.fixture(autouse=True)
 def _cache(embedded_cache, monkeypatch):  # noqa: F811

@@ -17,6 +17,8 @@ from verl.placement import make_plan
 from verl.protocol import DataProto
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
+pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
+
 ROWS, P, R = 8, 6, 4
 
 

@@ -11,6 +11,8 @@ from ray.cluster_utils import Cluster
 from tests.support.run_configs import tiny_config
 from verl.trainer.ppo import PPOTrainer
 
+pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
+
 
 @pytest.fixture(scope="module")
 def two_nodes():

@@ -10,6 +10,8 @@ import pytest
 from tests.support.run_configs import odd_length_reward, tiny_config
 from verl.trainer.ppo import PPOTrainer
 
+pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
+
 
 @pytest.fixture(autouse=True)
 def _cache(embedded_cache, monkeypatch):  # noqa: F811

@@ -13,6 +13,8 @@ from tests.support.engines import gloo_world_one, make_llama_dir  # noqa: F401
 from verl.config.schema import ParallelConfig, RolloutConfig
 from verl_rollout.vllm import VLLMRollout
 
+pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/rollout/vllm/BUILD too)
+
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory) -> str:

@@ -7,6 +7,8 @@ import pytest
 
 from tests.support.run_configs import ODD_LENGTH_REWARD, fit, tiny_config
 
+pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/rollout/vllm/BUILD too)
+
 
 @pytest.fixture(autouse=True)
 def _cache(embedded_cache, monkeypatch):  # noqa: F811
