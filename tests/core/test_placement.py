@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tests.fixtures import make_cfg
+from tests.support.fixtures import make_cfg
 from verl.config.schema import VerlConfig
 from verl.cli.render import format_plan
 from verl.config.placement import Layout, enabled_roles

@@ -9,6 +9,8 @@ import torch
 
 from verl.protocol import DataProto
 
+pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
+
 
 @pytest.fixture(scope="module")
 def cluster():

@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 from omegaconf import OmegaConf
 
-from tests.fixtures import make_cfg
+from tests.support.fixtures import make_cfg
 from verl.backends import BackendSpec
 from verl.config import validate as validate_module
 from verl.config.schema import VerlConfig

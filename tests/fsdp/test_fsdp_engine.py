@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.engine_fixtures import gloo_world_one, llama_dir, random_batch  # noqa: F401
+from tests.support.engines import gloo_world_one, llama_dir, random_batch  # noqa: F401
 from verl.config.schema import OptimConfig
 from verl.engine import EngineConfig
 from verl_fsdp.engine import FSDPEngine

@@ -20,7 +20,7 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton", reason="triton is not installed")
 
-from tests.engine_fixtures import gloo_world_one, llama_dir, random_batch  # noqa: E402,F401
+from tests.support.engines import gloo_world_one, llama_dir, random_batch  # noqa: E402,F401
 from verl.config.schema import OptimConfig  # noqa: E402
 from verl.engine import EngineConfig  # noqa: E402
 from verl_fsdp.engine import FSDPEngine  # noqa: E402

@@ -31,7 +31,7 @@ BF16_LOGPROB_ATOL = 0.1  # bf16 weights and activations against the float32 HF m
 def _single_gpu_world():
     import torch.distributed as dist
 
-    from tests.engine_fixtures import free_port
+    from tests.support.engines import free_port
 
     if not dist.is_initialized():
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
@@ -41,7 +41,7 @@ def _single_gpu_world():
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from tests.megatron.workers import random_model_dir
+    from tests.support.megatron_workers import random_model_dir
 
     return random_model_dir(str(tmp_path_factory.mktemp("qwen2")), "qwen2", tie=False, layers=4, vocab=64)
 
@@ -69,7 +69,7 @@ def _one_gpu_engine(model_dir: str, dtype: str):
 def test_tp1_log_probs_round_trip_and_a_step_on_one_gpu(model_dir):
     from safetensors.torch import load_file
 
-    from tests.megatron.workers import check_log_probs, parity_batch
+    from tests.support.megatron_workers import check_log_probs, parity_batch
 
     engine = _one_gpu_engine(model_dir, "float32")
     print(f"TransformerEngine layers: {engine.te}")
@@ -90,7 +90,7 @@ def test_tp1_log_probs_round_trip_and_a_step_on_one_gpu(model_dir):
 
 def test_bf16_steps_on_one_gpu(model_dir):
     """The dtype GPU runs train in: bfloat16 parameters and compute, float32 log-probs out."""
-    from tests.megatron.workers import parity_batch
+    from tests.support.megatron_workers import parity_batch
 
     engine = _one_gpu_engine(model_dir, "bfloat16")
     batch = parity_batch(vocab=64)
@@ -105,7 +105,7 @@ def test_bf16_steps_on_one_gpu(model_dir):
 
 def test_grpo_tiny_megatron_steps_on_one_gpu(tmp_path):
     """A few GRPO steps of the tiny recipe at TP=1 on the GPU; step time recorded."""
-    from tests.trainer.run_configs import RECIPES
+    from tests.support.run_configs import RECIPES
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     steps = 5
@@ -148,7 +148,7 @@ def test_grpo_tiny_megatron_steps_on_one_gpu(tmp_path):
 @pytest.fixture(scope="module")
 def wide_model_dir(tmp_path_factory):
     """head_dim 64: TransformerEngine's flash/fused attention kernels (the ones that do CP) need a multiple of 8."""
-    from tests.megatron.workers import random_model_dir
+    from tests.support.megatron_workers import random_model_dir
 
     return random_model_dir(str(tmp_path_factory.mktemp("wide")), "qwen2", tie=False, layers=4, vocab=64, hidden=256)
 
@@ -168,10 +168,10 @@ def wide_model_dir(tmp_path_factory):
 def test_two_gpu_log_probs_match_hf(wide_model_dir, parallel, dtype, atol):
     import ray
 
-    from tests.megatron.workers import EngineWorker, check_log_probs, parity_batch
+    from tests.support.megatron_workers import EngineWorker, check_log_probs, parity_batch
     from verl.controller import ResourcePool, init_ray, make_worker_group
 
-    ray.cloudpickle.register_pickle_by_value(sys.modules["tests.megatron.workers"])
+    ray.cloudpickle.register_pickle_by_value(sys.modules["tests.support.megatron_workers"])
     init_ray(num_gpus=2)
     pool = ResourcePool("megatron", nnodes=1, devices_per_node=2, device="cuda")
     group = make_worker_group("ray", pool, EngineWorker, parallel, role="megatron")

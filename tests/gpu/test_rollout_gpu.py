@@ -12,8 +12,8 @@ import os
 import pytest
 import torch
 
-from tests.engine_fixtures import free_port, make_llama_dir
 from tests.rollout import engine_contract as contract
+from tests.support.engines import free_port, make_llama_dir
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 # fp32 on GPU: the engines' kernels reduce in another order than torch's (and may use TF32).

@@ -10,6 +10,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
+
 WORLD = 2
 V = 101
 SHARDS = [(0, 40), (40, V)]  # uneven on purpose: 40 and 61 rows

@@ -15,7 +15,7 @@ import pytest
 import ray
 import torch
 
-from tests.megatron.workers import (
+from tests.support.megatron_workers import (
     EngineWorker,
     check_log_probs,
     hf_model,
@@ -26,9 +26,11 @@ from tests.megatron.workers import (
 from verl.config.schema import OptimConfig
 from verl.controller import ResourcePool, make_worker_group
 
+pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
+
 # Test modules are not installed in the worker processes: ship these by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-ray.cloudpickle.register_pickle_by_value(sys.modules["tests.megatron.workers"])
+ray.cloudpickle.register_pickle_by_value(sys.modules["tests.support.megatron_workers"])
 
 
 @pytest.fixture(scope="module")

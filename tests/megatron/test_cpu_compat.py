@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.engine_fixtures import free_port
+from tests.support.engines import free_port
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU compatibility layer is for CUDA-less hosts")
 

@@ -12,17 +12,20 @@ import os
 import subprocess
 import sys
 
+import pytest
 import ray
 import torch
 
-from tests.megatron.workers import EngineWorker
-from tests.trainer.run_configs import RECIPES
+from tests.support.megatron_workers import EngineWorker
+from tests.support.run_configs import RECIPES
 from verl.config.schema import OptimConfig
 from verl.controller import ResourcePool, make_worker_group
 from verl.protocol import DataProto
 
+pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
+
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-ray.cloudpickle.register_pickle_by_value(sys.modules["tests.megatron.workers"])
+ray.cloudpickle.register_pickle_by_value(sys.modules["tests.support.megatron_workers"])
 
 # Meta-Llama-3-8B's published architecture (its config.json, no weights).
 LLAMA3_8B = RECIPES / "model_configs" / "Meta-Llama-3-8B"

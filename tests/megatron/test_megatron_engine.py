@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.engine_fixtures import free_port, make_llama_dir, random_batch
+from tests.support.engines import free_port, make_llama_dir, random_batch
 from verl.config.schema import OptimConfig
 from verl.engine import EngineConfig
 from verl_megatron.context_parallel import chunk_positions, local_index

@@ -10,8 +10,10 @@ import shutil
 import pytest
 import torch
 
-from tests.trainer.run_configs import tiny_config
+from tests.support.run_configs import tiny_config
 from verl.trainer.ppo import PPOTrainer
+
+pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine_fixtures import gloo_world_one, llama_dir, make_llama_dir  # noqa: F401
+from tests.support.engines import gloo_world_one, llama_dir, make_llama_dir  # noqa: F401
 from verl.config.schema import OptimConfig, RolloutConfig
 from verl.engine import EngineConfig
 from verl.protocol import DataProto

@@ -1,1 +1,1 @@
-from tests.fixtures import embedded_cache, ray_two_cpus  # noqa: F401
+from tests.support.fixtures import embedded_cache, ray_two_cpus  # noqa: F401

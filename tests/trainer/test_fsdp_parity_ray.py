@@ -9,13 +9,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.engine_fixtures import policy_batch
-from tests.trainer.run_configs import tiny_config
+from tests.support.engines import policy_batch
+from tests.support.run_configs import tiny_config
 from verl.controller import make_worker_group, pools_from_plan
 from verl.embedded.models import materialize_embedded_model
 from verl.config.plan import build_plan
 from verl.protocol import DataProto
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
+
+pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
 
 ROWS, P, R = 8, 6, 4
 

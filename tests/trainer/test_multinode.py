@@ -8,8 +8,10 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from tests.trainer.run_configs import tiny_config
+from tests.support.run_configs import tiny_config
 from verl.trainer.ppo import PPOTrainer
+
+pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.trainer.run_configs import ODD_LENGTH_REWARD, RECIPES, tiny_overrides
+from tests.support.run_configs import ODD_LENGTH_REWARD, RECIPES, tiny_overrides
+
+pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
 
 EXTRA = (
     "trainer.controller=local",

@@ -7,8 +7,10 @@ import os
 
 import pytest
 
-from tests.trainer.run_configs import odd_length_reward, tiny_config
+from tests.support.run_configs import odd_length_reward, tiny_config
 from verl.trainer.ppo import PPOTrainer
+
+pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fixtures import make_cfg
+from tests.support.fixtures import make_cfg
 from verl.config.validate import validate
 
 ALGO_KEYS = (

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.fixtures import make_cfg
+from tests.support.fixtures import make_cfg
 from verl.controller import Dispatch, ResourcePool, Worker, WorkerError, init_ray, pools_from_plan, register
 from verl.controller.dispatch import (
     DispatchInfo,

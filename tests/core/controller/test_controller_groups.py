@@ -31,6 +31,8 @@ from verl.controller import (
 from verl.controller.worker_group import LocalExecutor
 from verl.protocol import DataProto
 
+pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
+
 # Ray workers cannot import this test module (pytest puts its folder on the driver's sys.path only), so its
 # worker classes travel by value. Worker classes of the packages are imported by name as usual.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -18,6 +18,8 @@ from ray.cluster_utils import Cluster
 from verl.controller import Dispatch, ResourcePool, Worker, ray_group, register
 from verl.controller.worker_group import rendezvous_address
 
+pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
+
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
 
 

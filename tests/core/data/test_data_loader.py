@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from tests.fixtures import make_cfg
+from tests.support.fixtures import make_cfg
 from verl.data import (
     DataLoader,
     ResumableSampler,

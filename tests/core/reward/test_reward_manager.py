@@ -11,7 +11,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from tests.fixtures import make_cfg
+from tests.support.fixtures import make_cfg
 from verl.config.errors import ConfigError
 from verl.config.schema import RewardConfig
 from verl.protocol import DataProto

@@ -1,1 +1,1 @@
-from tests.fixtures import embedded_cache  # noqa: F401
+from tests.support.fixtures import embedded_cache  # noqa: F401

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engine_fixtures import gloo_world_one, make_llama_dir  # noqa: F401
 from tests.rollout import engine_contract as contract
+from tests.support.engines import gloo_world_one, make_llama_dir  # noqa: F401
 from verl.config.schema import ParallelConfig, RolloutConfig
 from verl_rollout.vllm import VLLMRollout
+
+pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/rollout/vllm/BUILD too)
 
 
 @pytest.fixture(scope="module")

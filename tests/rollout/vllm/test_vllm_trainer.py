@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.trainer.run_configs import ODD_LENGTH_REWARD, fit, tiny_config
+from tests.support.run_configs import ODD_LENGTH_REWARD, fit, tiny_config
+
+pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/rollout/vllm/BUILD too)
 
 
 @pytest.fixture(autouse=True)

@@ -54,4 +54,4 @@ def odd_length_reward(prompt: str, response: str, ground_truth: str, extra: dict
 
 
 # For `verl train` in a child process: the same reward as a recipe override.
-ODD_LENGTH_REWARD = "reward.fn={_target_: tests.trainer.run_configs.odd_length_reward}"
+ODD_LENGTH_REWARD = "reward.fn={_target_: tests.support.run_configs.odd_length_reward}"
