@@ -9,10 +9,12 @@ import pytest
 import torch
 
 import verl
-from tests.trainer.run_configs import RECIPES, odd_length_reward, tiny_config, tiny_overrides
+from tests.support.run_configs import RECIPES, odd_length_reward, tiny_config, tiny_overrides
 from verl.embedded.models import materialize_embedded_model
 from verl.utils.hf_files import TOKENIZER_GLOBS, copy_tokenizer_files
 from verl.utils.lr_schedule import lr_multiplier
+
+pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
 
 
 @pytest.fixture(autouse=True)
