@@ -133,10 +133,9 @@ class ActorRolloutRefWorker(Worker):
         actor, rollout = self._need("actor"), self._need("rollout")
         # Full tensors, one at a time: every rollout engine slices its own tensor-parallel shard while loading.
         moved = rollout.update_weights(actor.weights())
-        stats = getattr(actor, "last_sync", None)
         return {
             "bytes": float(moved),
-            "comm_bytes": float(getattr(stats, "received_bytes", 0)),
+            "comm_bytes": float(actor.sync_received_bytes()),
             "seconds": time.perf_counter() - start,
         }
 
