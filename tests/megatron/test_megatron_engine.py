@@ -1,4 +1,6 @@
-"""MegatronEngine in one process (world of one, gloo): outputs against HF, checkpoints, export, the value head."""
+"""MegatronEngine in one process (world of one, gloo), what only megatron has: packing, context/sequence
+parallel splits, the fresh value head, activation recompute, the VPP micro-batch split. The train engine contract
+(outputs against HF, training, skip policy, LR schedule, checkpoints, export) is in tests/engines/."""
 
 from __future__ import annotations
 
@@ -86,77 +88,18 @@ def test_sequence_parallel_defaults_on_with_tensor_parallelism():
         sequence_parallel(settings(sequence_parallel=True), tp=1)
 
 
-def test_log_probs_and_entropy_match_hf(world_one, llama):
-    from transformers import AutoModelForCausalLM
-
-    engine = _engine(llama, optim=False)
-    batch = random_batch(4, 6, 5, left_pad=3)
-    out = engine.infer(batch, micro_batch_size=3, temperature=0.7, entropy=True)
-    b = batch.batch
-    hf = AutoModelForCausalLM.from_pretrained(llama, dtype=torch.float32)
-    with torch.no_grad():
-        logits = hf(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"]).logits
-    logp = torch.log_softmax(logits[:, -6:-1] / 0.7, -1)
-    want = logp.gather(-1, b["responses"][..., None]).squeeze(-1)
-    entropy = -(logp.exp() * logp).sum(-1)
-    torch.testing.assert_close(out.batch["log_probs"], want, rtol=0, atol=1e-5)
-    torch.testing.assert_close(out.batch["entropy"], entropy, rtol=0, atol=1e-5)
-
-
-def test_checkpoint_resumes_exactly_and_exports_hf(world_one, llama, tmp_path):
-    from transformers import AutoModelForCausalLM
-
-    engine = _engine(llama)
-    batch = random_batch(4, 6, 5, left_pad=2)
-    first = engine.train_step(batch, _nll, micro_batch_size=2)
-    assert first["lr"] == pytest.approx(1e-2) and first["grad_norm"] > 0
-    engine.save_checkpoint(str(tmp_path / "ckpt"))
-    after_save = engine.train_step(batch, _nll, micro_batch_size=2)
-    saved_next = {k: v.clone() for k, v in engine.weights()}
-    engine.load_checkpoint(str(tmp_path / "ckpt"))  # weights, Adam moments and step count come back
-    again = engine.train_step(batch, _nll, micro_batch_size=2)
-    assert again == after_save
-    for k, v in engine.weights():
-        assert torch.equal(v, saved_next[k]), k
-    engine.export_hf(str(tmp_path / "hf"))
-    exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32)
-    for k, v in exported.state_dict().items():
-        assert torch.equal(v, saved_next[k]), k
-
-
-def test_training_lowers_the_loss_and_follows_the_schedule(world_one, llama):
-    from verl_megatron.engine import MegatronEngine
-
-    opt = OptimConfig(lr=1e-2, weight_decay=0.0, warmup_steps=2)
-    engine = MegatronEngine(EngineConfig(model_path=llama, optim=opt, total_steps=10, parallel=LAYOUT))
-    batch = random_batch(4, 6, 5)
-    metrics = [engine.train_step(batch, _nll, micro_batch_size=4) for _ in range(4)]
-    assert [m["lr"] for m in metrics] == pytest.approx([5e-3, 1e-2, 1e-2, 1e-2])  # linear warmup over 2 steps
-    assert metrics[-1]["nll"] < metrics[0]["nll"] - 0.1
-
-
-def test_value_head_starts_fresh_and_exports_as_token_classification(world_one, llama, tmp_path):
-    from transformers import AutoModelForTokenClassification
-
+def test_value_head_starts_fresh_and_its_checkpoint_round_trips(world_one, llama, tmp_path):
+    """A critic's value head is not in the HF folder: it starts fresh and is saved and restored with the chunks.
+    (Values against the exported HF token classifier: the train engine contract, tests/engines/.)"""
     critic = _engine(llama, kind="value")
     assert critic.fresh == ["score.weight", "score.bias"]
     batch = random_batch(3, 6, 4, left_pad=2)
-    values = critic.infer(batch, micro_batch_size=3).batch["values"]
-    assert values.shape == (3, 4)
-    critic.export_hf(str(tmp_path / "critic"))
-    hf = AutoModelForTokenClassification.from_pretrained(str(tmp_path / "critic"), dtype=torch.float32).eval()
-    b = batch.batch
-    with torch.no_grad():
-        out = hf(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"])
-    # The value of the state before each response token: positions P-1 .. P+R-2.
-    torch.testing.assert_close(values, out.logits.squeeze(-1)[:, -5:-1], rtol=0, atol=1e-5)
 
     def value_loss(out, mb):
         loss = ((out["values"] - 1.0) ** 2).mean()
         return loss, {"vf_loss": float(loss)}
 
-    losses = [critic.train_step(batch, value_loss, micro_batch_size=2)["vf_loss"] for _ in range(5)]
-    assert losses[-1] < losses[0]
+    critic.train_step(batch, value_loss, micro_batch_size=2)
     critic.save_checkpoint(str(tmp_path / "critic-ckpt"))
     trained = {k: v.clone() for k, v in critic.weights()}
     assert trained.keys() >= {"score.weight", "score.bias"}
@@ -165,25 +108,7 @@ def test_value_head_starts_fresh_and_exports_as_token_classification(world_one, 
     assert all(torch.equal(v, trained[k]) for k, v in critic.weights())
 
 
-def test_a_fresh_engine_resumes_a_checkpoint_exactly(world_one, llama, tmp_path):
-    """Resume in a new process: the optimizer has taken no step yet when the checkpoint is loaded into it."""
-    batch = random_batch(4, 6, 5, left_pad=1)
-    trained = _engine(llama)
-    trained.train_step(batch, _nll, micro_batch_size=2)
-    trained.save_checkpoint(str(tmp_path / "ckpt"))
-    want = trained.train_step(batch, _nll, micro_batch_size=2)
-    want_weights = {k: v.clone() for k, v in trained.weights()}
-    fresh = _engine(llama)
-    fresh.load_checkpoint(str(tmp_path / "ckpt"))
-    assert fresh.train_step(batch, _nll, micro_batch_size=2) == want
-    assert all(torch.equal(v, want_weights[k]) for k, v in fresh.weights())
-
-
-def test_bad_settings_are_refused_by_name(world_one, llama):
-    with pytest.raises(ValueError, match="model.dtype 'fp8'"):
-        _engine(llama, dtype="fp8")
-    with pytest.raises(ValueError, match="model.override_config.no_such_key"):
-        _engine(llama, override_config={"no_such_key": 1})
+def test_bad_layouts_and_micro_batch_sizes_are_refused_by_name(world_one, llama):
     from transformers import AutoConfig
 
     from verl_megatron.model import transformer_config
@@ -193,8 +118,6 @@ def test_bad_settings_are_refused_by_name(world_one, llama):
     with pytest.raises(ValueError, match="parallel.ep=2: .* this llama model has none"):
         transformer_config(AutoConfig.from_pretrained(llama), ep2, dtype=torch.float32, device="cpu")
     engine = _engine(llama, optim=False)
-    with pytest.raises(RuntimeError, match="without an optimizer"):
-        engine.train_step(random_batch(2, 4, 2), _nll, micro_batch_size=2)
     with pytest.raises(ValueError, match="micro_batch_size must be >= 1"):
         engine.infer(random_batch(2, 4, 2), micro_batch_size=0)
 

@@ -14,7 +14,7 @@ Per-token outputs are aligned with `responses`: out[:, t] belongs to responses[:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Protocol, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterable, Iterator, Optional, Protocol, Tuple
 
 import torch
 
@@ -52,6 +52,10 @@ class EngineConfig:
             raise ValueError(f"model.dtype '{self.dtype}' is not one of {', '.join(DTYPES)}")
         return torch.float32 if self.device == "cpu" else DTYPES[self.dtype]
 
+    def torch_device(self) -> torch.device:
+        """Where the engine computes: the CPU, or the CUDA device this process was given."""
+        return torch.device("cpu") if self.device == "cpu" else torch.device("cuda", torch.cuda.current_device())
+
     def hf_config(self) -> Any:
         """The model's Hugging Face config with model.override_config applied (each key an existing attribute)."""
         from transformers import AutoConfig
@@ -67,18 +71,39 @@ class EngineConfig:
 class TrainEngine(Protocol):
     """A model being trained (or only evaluated, for the reference) on this worker's shard of the role.
 
-    An engine that splits the model (megatron) may also offer `weights(gen_tp=g)` (this rank's shard for a
-    rollout with tensor parallelism g) and `last_sync.received_bytes` (bytes that reached this rank from other
-    ranks while assembling the full tensors), reported with each weight sync.
+    The parts every engine shares (micro-batch accumulation, the skip policy for a non-finite gradient, the LR
+    schedule, the extra checkpoint state) live once in `verl.engine_parts`. An engine that splits the model
+    (megatron) may also offer `weights(gen_tp=g)`: this rank's shard for a rollout with tensor parallelism g.
     """
+
+    # ---- optional capabilities: every engine declares them, None / 0 where it has none (no hasattr probing)
+    gathered: Optional[Callable[[], ContextManager[torch.nn.Module]]]
+    """A context that holds the engine's `model` (one Hugging Face module in this process) unsharded while it is
+    entered: a colocated hf rollout generates on it in place (FSDP). None where the model is not one HF module
+    (megatron's chunks); the rollout then keeps its own copy and takes `weights()`."""
+
+    def sync_received_bytes(self) -> int:
+        """Bytes that reached this rank from other ranks while the last `weights()` pass assembled full tensors
+        (tensor-parallel gathers, pipeline broadcasts), reported with each weight sync; 0 where none is counted."""
 
     def infer(
         self, batch: DataProto, *, micro_batch_size: int, temperature: float = 1.0, entropy: bool = False
     ) -> DataProto:
         """Per-token log_probs (and entropy) of `responses`, or per-token `values` for a value model."""
 
-    def train_step(self, batch: DataProto, loss_fn: LossFn, *, micro_batch_size: int) -> Metrics:
-        """One optimizer step over `batch` with gradient accumulation over micro-batches; returns metrics."""
+    def train_step(
+        self,
+        batch: DataProto,
+        loss_fn: LossFn,
+        *,
+        micro_batch_size: int,
+        temperature: float = 1.0,
+        entropy: bool = False,
+        entropy_grad: bool = True,
+    ) -> Metrics:
+        """One optimizer step over `batch` with gradient accumulation over micro-batches; returns the loss's metrics
+        (averaged by rows) with grad_norm, lr and, when a non-finite gradient skipped the update, skipped_steps=1.
+        entropy: compute `entropy` for the loss; entropy_grad: whether its gradient is needed (fused kernels)."""
 
     def weights(self) -> Iterator[Tuple[str, torch.Tensor]]:
         """Full (unsharded) parameters one tensor at a time, in Hugging Face names; collective on all ranks."""
@@ -87,16 +112,13 @@ class TrainEngine(Protocol):
         """(dp_rank, dp_size, collect): which slice of a batch this rank takes, and whether its outputs are
         gathered (one rank per data-parallel replica returns results; TP/PP peers compute the same rows)."""
 
-    def save_checkpoint(self, path: str) -> None: ...
+    def save_checkpoint(self, path: str) -> None:
+        """The backend's model/optimizer state in its own format, plus `engine_parts.save_extra`; collective."""
 
     def load_checkpoint(self, path: str) -> None: ...
 
     def export_hf(self, path: str) -> None:
         """Write a Hugging Face folder (safetensors, config, tokenizer); collective, rank 0 writes."""
-
-    def offload(self) -> None: ...
-
-    def onload(self) -> None: ...
 
 
 class RolloutEngine(Protocol):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -25,12 +25,11 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from verl import engine_parts as parts
 from verl.engine import EngineConfig, LossFn, Metrics
 from verl.protocol import DataProto
 from verl.utils.hf_files import copy_tokenizer_files
 from verl.utils.logprob import entropy_from_logits, logprobs_from_logits
-from verl.utils.lr_schedule import make_scheduler
-from verl.utils.rng import get_rng_state, set_rng_state
 from verl_fsdp.model import build_model
 from verl_fsdp.parallelize import apply_fsdp
 
@@ -45,7 +44,7 @@ class FSDPEngine:
             raise RuntimeError("FSDPEngine needs torch.distributed initialised (the worker's init_distributed)")
         self.cfg = cfg
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.device = torch.device("cpu") if cfg.device == "cpu" else torch.device("cuda", torch.cuda.current_device())
+        self.device = cfg.torch_device()
         self.dtype = cfg.compute_dtype()
         self.mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("dp",))
 
@@ -58,20 +57,20 @@ class FSDPEngine:
         if cfg.device != "cpu" and not cfg.param_offload:
             model.to(self.device)
         self.model = model
-        self.optimizer = self.scheduler = None
+        self.optimizer = None
+        self.state = parts.TrainState()
         if cfg.optim is not None:
             o = cfg.optim
             self.optimizer = torch.optim.AdamW(
                 model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
             )
-            self.scheduler = make_scheduler(self.optimizer, o, cfg.total_steps)
 
     def data_parallel_info(self) -> Tuple[int, int, bool]:
         return self.rank, self.world_size, True  # FSDP: every rank is its own data-parallel replica
 
     # ---- forward -------------------------------------------------------------------------------------
     def _forward(
-        self, mb: DataProto, temperature: float, entropy: bool, entropy_grad: bool = True
+        self, mb: DataProto, temperature: float = 1.0, entropy: bool = False, entropy_grad: bool = True
     ) -> Dict[str, torch.Tensor]:
         b = mb.batch
         r = b["responses"].shape[1]
@@ -132,41 +131,26 @@ class FSDPEngine:
         return DataProto.from_dict({k: torch.cat([o[k] for o in outs]) for k in outs[0]})
 
     # ---- training ------------------------------------------------------------------------------------
-    def train_step(
-        self,
-        batch: DataProto,
-        loss_fn: LossFn,
-        *,
-        micro_batch_size: int,
-        temperature: float = 1.0,
-        entropy: bool = False,
-        entropy_grad: bool = True,
-    ) -> Metrics:
-        """Accumulate gradients over micro-batches of `batch` (each weighted by its share of the rows), clip, step."""
-        if self.optimizer is None:
-            raise RuntimeError("this engine was built without an optimizer (inference only)")
+    def train_step(self, batch: DataProto, loss_fn: LossFn, *, micro_batch_size: int, **forward: Any) -> Metrics:
+        """verl.engine.TrainEngine.train_step; `forward` (temperature, entropy, entropy_grad) goes to the forward."""
+        parts.require_optimizer(self.optimizer)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         micro = batch.split(micro_batch_size)
-        totals: Dict[str, float] = {}
+        acc = parts.Accumulator(len(batch), loss_fn)
         for i, mb in enumerate(micro):
             # Reduce-scatter gradients once, on the last micro-batch, instead of after every backward.
             self.model.set_requires_gradient_sync(i == len(micro) - 1)
-            loss, metrics = loss_fn(self._forward(mb, temperature, entropy, entropy_grad), mb)
-            share = len(mb) / len(batch)
-            (loss * share).backward()
-            for k, v in metrics.items():
-                totals[k] = totals.get(k, 0.0) + float(v) * share
-        grad_norm = _full(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip))
-        grad_norm = float(grad_norm)
-        if torch.isfinite(torch.tensor(grad_norm)):
-            self.optimizer.step()
-        else:  # a non-finite gradient would poison the weights: skip this step and say so
-            totals["skipped_steps"] = 1.0
-        lr = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
+            acc(self._forward(mb, **forward), mb).backward()
+        step = parts.optimizer_step(
+            self.state,
+            self.optimizer,
+            self.cfg,
+            grad_norm=lambda: _full(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)),
+            update=lambda _: self.optimizer.step(),
+        )
         self.optimizer.zero_grad(set_to_none=True)
-        return {**totals, "grad_norm": grad_norm, "lr": lr}
+        return {**acc.totals, **step}
 
     @contextlib.contextmanager
     def gathered(self) -> Iterator[torch.nn.Module]:
@@ -188,6 +172,9 @@ class FSDPEngine:
         for name, param in self.model.named_parameters():
             yield name, _full(param.detach())
 
+    def sync_received_bytes(self) -> int:
+        return 0  # the FSDP all-gathers in weights() are not counted
+
     def _sharded_state(self) -> Dict[str, Dict]:
         """This rank's shards of the model (and optimizer) state, as DCP saves and loads them in place."""
         if self.optimizer is None:
@@ -197,8 +184,7 @@ class FSDPEngine:
 
     def save_checkpoint(self, path: str) -> None:
         dcp.save(self._sharded_state(), checkpoint_id=path)
-        extra = {"rng": get_rng_state(), "scheduler": self.scheduler.state_dict() if self.scheduler else None}
-        torch.save(extra, os.path.join(path, f"extra_rank{self.rank}.pt"))
+        parts.save_extra(path, self.state)
         dist.barrier()
 
     def load_checkpoint(self, path: str) -> None:
@@ -208,40 +194,15 @@ class FSDPEngine:
             set_model_state_dict(self.model, state["model"])
         else:
             set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        extra = torch.load(os.path.join(path, f"extra_rank{self.rank}.pt"), weights_only=False)
-        if self.scheduler is not None and extra["scheduler"] is not None:
-            self.scheduler.load_state_dict(extra["scheduler"])
-        set_rng_state(extra["rng"])
+        parts.load_extra(path, self.state)
 
     def export_hf(self, path: str) -> None:
         """Rank 0 writes safetensors + config + tokenizer (and generation config) to `path`."""
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if self.rank == 0:
+
+        def write() -> None:
             os.makedirs(path, exist_ok=True)
             self.model.save_pretrained(path, state_dict=full, safe_serialization=True)
             copy_tokenizer_files(self.cfg.model_path, path)
-        dist.barrier()
 
-    # ---- memory --------------------------------------------------------------------------------------
-    def offload(self) -> None:
-        """Move parameters and optimizer state to host memory between phases (GPU; a no-op on CPU)."""
-        if self.device.type == "cpu":
-            return
-        self.model.to("cpu")
-        self._move_optimizer("cpu")
-        torch.cuda.empty_cache()
-
-    def onload(self) -> None:
-        if self.device.type == "cpu":
-            return
-        if not self.cfg.param_offload:
-            self.model.to(self.device)
-        self._move_optimizer(self.device)
-
-    def _move_optimizer(self, device) -> None:
-        if self.optimizer is None:
-            return
-        for state in self.optimizer.state.values():
-            for k, v in state.items():
-                if isinstance(v, torch.Tensor) and k != "step":
-                    state[k] = v.to(device, non_blocking=True)
+        parts.export_then_barrier(write)

@@ -11,17 +11,15 @@ Weights enter from HF safetensors and leave as HF tensors (streamed one at a tim
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
+from verl import engine_parts as parts
 from verl.engine import EngineConfig, LossFn, Metrics
 from verl.protocol import DataProto
-from verl.utils.lr_schedule import lr_multiplier
-from verl.utils.rng import get_rng_state, set_rng_state
 from verl_megatron import cpu_compat, torch_adam_fix
 from verl_megatron.context_parallel import chunk_positions, local_index, sum_over_group
 from verl_megatron.convert import PipelineSplit, SafetensorsFolder, dims_of, plan
@@ -35,6 +33,8 @@ CHECKPOINT_META = "verl_megatron.json"
 class MegatronEngine:
     """verl.engine.TrainEngine on megatron-core: this rank's chunks of the role's model, its optimizer shard."""
 
+    gathered = None  # no in-place generation: the chunks are not one Hugging Face module
+
     def __init__(self, cfg: EngineConfig, *, weights_from: str = "hf"):
         """weights_from: "hf" loads cfg.model_path's safetensors; "checkpoint" leaves the weights for
         load_checkpoint (cfg.model_path then only needs config.json)."""
@@ -47,7 +47,7 @@ class MegatronEngine:
         from verl_megatron.model import build_chunks, transformer_config, transformer_engine_available
 
         self.cfg = cfg
-        self.device = torch.device("cpu") if cfg.device == "cpu" else torch.device("cuda", torch.cuda.current_device())
+        self.device = cfg.torch_device()
         self.dtype = cfg.compute_dtype()
         self.hf_config = cfg.hf_config()
         self.layout = layout = init_model_parallel(cfg.parallel, cfg.seed)
@@ -80,7 +80,7 @@ class MegatronEngine:
         self._gen_groups: Dict[int, Any] = {}
         self.last_sync = SyncStats()
         self.optimizer = None
-        self.steps = 0  # optimizer steps taken (the LR schedule's position)
+        self.state = parts.TrainState()
         if cfg.optim is not None:
             torch_adam_fix.apply()
             chunks = self._wrap_ddp(chunks)
@@ -234,10 +234,10 @@ class MegatronEngine:
         micro: List[DataProto],
         *,
         forward_only: bool,
-        temperature: float,
-        entropy: bool,
         on_outputs: Callable[[Dict[str, torch.Tensor], DataProto, int], Optional[torch.Tensor]],
-        entropy_grad: bool = False,
+        temperature: float = 1.0,
+        entropy: bool = False,
+        entropy_grad: bool = True,
     ) -> None:
         """Run every micro-batch through megatron's schedule; the last stage calls on_outputs(outputs, mb, i),
         whose returned loss (None: no backward) is what the schedule differentiates."""
@@ -307,77 +307,40 @@ class MegatronEngine:
         return DataProto.from_dict(self._from_last_stage(merged))
 
     # ---- training --------------------------------------------------------------------------------------
-    def train_step(
-        self,
-        batch: DataProto,
-        loss_fn: LossFn,
-        *,
-        micro_batch_size: int,
-        temperature: float = 1.0,
-        entropy: bool = False,
-        entropy_grad: bool = True,
-    ) -> Metrics:
-        """Accumulate gradients over micro-batches of `batch` (each weighted by its share of the rows), clip, step."""
-        if self.optimizer is None:
-            raise RuntimeError("this engine was built without an optimizer (inference only)")
+    def train_step(self, batch: DataProto, loss_fn: LossFn, *, micro_batch_size: int, **forward: Any) -> Metrics:
+        """verl.engine.TrainEngine.train_step; `forward` (temperature, entropy, entropy_grad) goes to the schedule."""
+        parts.require_optimizer(self.optimizer)
         for c in self.chunks:
             c.train()
             c.zero_grad_buffer()
         self.optimizer.zero_grad()
-        totals: Dict[str, float] = {}
-
-        def weighted_loss(outputs: Dict[str, torch.Tensor], mb: DataProto, i: int) -> torch.Tensor:
-            loss, metrics = loss_fn(outputs, mb)
-            share = len(mb) / len(batch)
-            for k, v in metrics.items():
-                totals[k] = totals.get(k, 0.0) + float(v) * share
-            return loss * share
-
+        acc = parts.Accumulator(len(batch), loss_fn)
         self._run(
             self._micro_batches(batch, micro_batch_size),
             forward_only=False,
-            temperature=temperature,
-            entropy=entropy,
-            entropy_grad=entropy_grad,
-            on_outputs=weighted_loss,
+            on_outputs=lambda outputs, mb, i: acc(outputs, mb),
+            **forward,
         )
-        lr = self._set_lr()
-        grad_norm, stepped = self._optimizer_step()
-        self.steps += 1
-        totals = self._from_last_stage(totals)
-        if not stepped:
-            totals["skipped_steps"] = 1.0
-        return {**totals, "grad_norm": grad_norm, "lr": lr}
-
-    def _set_lr(self) -> float:
-        o = self.cfg.optim
-        lr = o.lr * lr_multiplier(
-            self.steps,
-            warmup_steps=o.warmup_steps,
-            total_steps=self.cfg.total_steps,
-            scheduler=o.scheduler,
-            min_lr_ratio=o.min_lr_ratio,
+        step = parts.optimizer_step(
+            self.state, self.optimizer, self.cfg, grad_norm=self._grad_norm, update=self._update
         )
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        return lr
+        return {**self._from_last_stage(acc.totals), **step}
 
-    def _optimizer_step(self) -> Tuple[float, bool]:
-        """Megatron's step (gradients to main params, global norm over TP/PP/DP, clip, update, param all-gather),
-        except that a non-finite gradient norm skips the update instead of poisoning the weights."""
+    def _grad_norm(self) -> float:
+        """Megatron's step up to the norm: gradients to the main params, the global norm over TP/PP/DP."""
+        self.optimizer.prepare_grads()
+        return float(self.optimizer.get_grad_norm())
+
+    def _update(self, grad_norm: float) -> None:
+        """The rest of megatron's step (clip, update, param all-gather), taken only for a finite norm."""
         from megatron.core.optimizer import clip_grads
 
         opt = self.optimizer
-        opt.prepare_grads()
-        grad_norm = float(opt.get_grad_norm())
-        if not math.isfinite(grad_norm):
-            return grad_norm, False
         for inner in getattr(opt, "chained_optimizers", [opt]):
             params = inner.get_parameters()
             if params and inner.config.clip_grad > 0.0:
                 clip_grads.clip_grad_by_total_norm_fp32(params, max_norm=inner.config.clip_grad, total_norm=grad_norm)
         opt.step_with_ready_grads()
-        return grad_norm, True
 
     # ---- weights -----------------------------------------------------------------------------------------
     def _hf_shapes(self) -> Dict[str, torch.Size]:
@@ -405,6 +368,9 @@ class MegatronEngine:
             stats=self.last_sync,
         )
 
+    def sync_received_bytes(self) -> int:
+        return self.last_sync.received_bytes
+
     # ---- checkpoints --------------------------------------------------------------------------------------
     def _sharded_state(self, loading: bool) -> Dict[str, Any]:
         # Fully reshardable: a run may resume (or export) with a different TP / PP / DP layout.
@@ -422,8 +388,7 @@ class MegatronEngine:
         os.makedirs(path, exist_ok=True)
         dist.barrier()
         checkpoint.save(self._sharded_state(loading=False), path)
-        extra = {"rng": get_rng_state(), "steps": self.steps}
-        torch.save(extra, os.path.join(path, f"extra_rank{dist.get_rank()}.pt"))
+        parts.save_extra(path, self.state)
         if dist.get_rank() == 0:
             self._write_meta(path)
         dist.barrier()
@@ -460,43 +425,19 @@ class MegatronEngine:
             return
         if self.optimizer is not None:
             self.optimizer.load_state_dict(state["optimizer"])
-        extra = torch.load(os.path.join(path, f"extra_rank{dist.get_rank()}.pt"), weights_only=False)
-        self.steps = extra["steps"]
-        set_rng_state(extra["rng"])
+        parts.load_extra(path, self.state)
 
     def export_hf(self, path: str) -> None:
         """Rank 0 writes safetensors + config + tokenizer (and generation config) to `path`; collective."""
         from verl_megatron.export import write_hf_folder
 
         stream = self.weights()
-        if dist.get_rank() == 0:
+
+        def write() -> None:
             write_hf_folder(stream, path, self.hf_config, kind=self.cfg.kind, tokenizer_from=self.cfg.model_path)
-        else:
+
+        def take_part() -> None:
             for _ in stream:  # every rank takes part in the gathers
                 pass
-        dist.barrier()
 
-    # ---- memory ------------------------------------------------------------------------------------------
-    def offload(self) -> None:
-        """Move parameters, gradient buffers and optimizer state to host memory between phases (GPU only)."""
-        if self.device.type == "cpu":
-            return
-        for c in self.chunks:
-            for buffer in getattr(c, "buffers", []):
-                buffer.offload_to_cpu(move_params=True, move_grads=True)
-            if not hasattr(c, "buffers"):
-                c.to("cpu")
-        if self.optimizer is not None:
-            self.optimizer.offload_to_cpu()
-        torch.cuda.empty_cache()
-
-    def onload(self) -> None:
-        if self.device.type == "cpu":
-            return
-        for c in self.chunks:
-            for buffer in getattr(c, "buffers", []):
-                buffer.reload_from_cpu(move_params=True, move_grads=True)
-            if not hasattr(c, "buffers"):
-                c.to(self.device)
-        if self.optimizer is not None:
-            self.optimizer.restore_from_cpu()
+        parts.export_then_barrier(write, others=take_part)

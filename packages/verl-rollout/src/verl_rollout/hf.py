@@ -50,7 +50,8 @@ class HFRollout:
     def build(cls, cfg, *, model_path: str, actor: Optional[Any] = None, **settings: Any) -> "HFRollout":
         """From the run's settings (`verl.workers.engines.rollout_settings`): a colocated FSDP actor's module
         is shared (generation runs on its gathered shards), otherwise the engine loads its own copy."""
-        shared = dict(module=actor.model, gather=actor.gathered) if hasattr(actor, "gathered") else {}
+        in_place = actor is not None and actor.gathered is not None  # verl.engine.TrainEngine.gathered
+        shared = dict(module=actor.model, gather=actor.gathered) if in_place else {}
         keep = ("max_new_tokens", "eos_token_id", "pad_token_id", "device")
         return cls(cfg, model_path=model_path, **{k: settings[k] for k in keep}, **shared)
 

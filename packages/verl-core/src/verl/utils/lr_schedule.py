@@ -1,10 +1,10 @@
-"""Learning-rate schedules: linear warmup, then constant or cosine decay to min_lr_ratio."""
+"""Learning-rate schedules: linear warmup, then constant or cosine decay to min_lr_ratio.
+
+Engines apply it through `verl.engine_parts.set_lr` (from their step count)."""
 
 from __future__ import annotations
 
 import math
-
-import torch
 
 
 def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int, scheduler: str, min_lr_ratio: float) -> float:
@@ -18,17 +18,3 @@ def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int, scheduler: 
         progress = min(1.0, (step - warmup_steps) / decay_steps)
         return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
     raise ValueError(f"unknown scheduler '{scheduler}' (optim.scheduler): use constant or cosine")
-
-
-def make_scheduler(optimizer: torch.optim.Optimizer, optim_cfg, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """A LambdaLR over `optim_cfg` (verl.config.schema.OptimConfig) for `total_steps` optimizer steps."""
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda step: lr_multiplier(
-            step,
-            warmup_steps=optim_cfg.warmup_steps,
-            total_steps=total_steps,
-            scheduler=optim_cfg.scheduler,
-            min_lr_ratio=optim_cfg.min_lr_ratio,
-        ),
-    )

@@ -144,8 +144,7 @@ class ActorRolloutRefWorker(Worker):
         actor, rollout = self._need("actor"), self._need("rollout")
         # Full tensors, one at a time: every rollout engine slices its own tensor-parallel shard while loading.
         moved = rollout.update_weights(actor.weights())
-        stats = getattr(actor, "last_sync", None)
-        totals = torch.tensor([float(moved), float(getattr(stats, "received_bytes", 0))], dtype=torch.float64)
+        totals = torch.tensor([float(moved), float(actor.sync_received_bytes())], dtype=torch.float64)
         seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
         if dist.is_initialized() and dist.get_world_size() > 1:
             device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")

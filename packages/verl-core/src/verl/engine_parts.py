@@ -1,0 +1,120 @@
+"""The parts every train engine shares, written once (the engine skeleton); a backend keeps its forward/backward,
+its model state and its checkpoint format, and calls these around them.
+
+One optimizer step of an engine reads:
+
+    require_optimizer(self.optimizer)
+    acc = Accumulator(len(batch), loss_fn)
+    for mb in micro_batches: backward(acc(outputs_of(mb), mb))     # the backend's loop (or pipeline schedule)
+    step = optimizer_step(self.state, self.optimizer, self.cfg, grad_norm=..., update=...)
+    return {**acc.totals, **step}
+
+and its checkpoint `backend state + save_extra(path, self.state)`, restored by `load_extra`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional
+
+import torch
+import torch.distributed as dist
+
+from verl.engine import EngineConfig, LossFn, Metrics
+from verl.protocol import DataProto
+from verl.utils.lr_schedule import lr_multiplier
+from verl.utils.rng import get_rng_state, set_rng_state
+
+
+def require_optimizer(optimizer: Optional[object]) -> None:
+    if optimizer is None:
+        raise RuntimeError("this engine was built without an optimizer (inference only)")
+
+
+# ---- micro-batch accumulation ------------------------------------------------------------------------------
+@dataclass
+class Accumulator:
+    """Runs the caller's loss on each micro-batch and weights it by the micro-batch's share of the rows, so that
+    gradients summed over micro-batches are the gradient of the whole batch; metrics are averaged the same way."""
+
+    rows: int  # rows of the whole batch
+    loss_fn: LossFn
+    totals: Metrics = field(default_factory=dict)
+
+    def __call__(self, outputs: Dict[str, torch.Tensor], mb: DataProto) -> torch.Tensor:
+        """The weighted loss of one micro-batch (what the backend differentiates)."""
+        loss, metrics = self.loss_fn(outputs, mb)
+        share = len(mb) / self.rows
+        for k, v in metrics.items():
+            self.totals[k] = self.totals.get(k, 0.0) + float(v) * share
+        return loss * share
+
+
+# ---- the optimizer step: LR schedule and skip policy ---------------------------------------------------------
+@dataclass
+class TrainState:
+    """What an engine counts besides its model and optimizer state; saved with every checkpoint (extra state)."""
+
+    steps: int = 0  # optimizer steps taken, skipped ones included: the LR schedule's position
+
+
+def set_lr(optimizer: torch.optim.Optimizer, cfg: EngineConfig, step: int) -> float:
+    """Set every param group's lr for optimizer step `step` (0-based): cfg.optim's warmup/decay over
+    cfg.total_steps. The one LR schedule path of every engine; returns the lr."""
+    o = cfg.optim
+    lr = o.lr * lr_multiplier(
+        step,
+        warmup_steps=o.warmup_steps,
+        total_steps=cfg.total_steps,
+        scheduler=o.scheduler,
+        min_lr_ratio=o.min_lr_ratio,
+    )
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
+def optimizer_step(
+    state: TrainState,
+    optimizer: torch.optim.Optimizer,
+    cfg: EngineConfig,
+    *,
+    grad_norm: Callable[[], float],
+    update: Callable[[float], None],
+) -> Metrics:
+    """One step after the gradients are in: set this step's lr, take the global gradient norm (`grad_norm`, which
+    may clip as it measures), then `update(norm)` the weights unless the norm is non-finite: such a gradient would
+    poison the weights, so the step is skipped and reported as `skipped_steps` (the schedule still advances)."""
+    lr = set_lr(optimizer, cfg, state.steps)
+    norm = float(grad_norm())
+    finite = math.isfinite(norm)
+    if finite:
+        update(norm)
+    state.steps += 1
+    return {"grad_norm": norm, "lr": lr, **({} if finite else {"skipped_steps": 1.0})}
+
+
+# ---- extra state, export -------------------------------------------------------------------------------------
+def _extra_file(path: str) -> str:
+    return os.path.join(path, f"extra_rank{dist.get_rank()}.pt")
+
+
+def save_extra(path: str, state: TrainState) -> None:
+    """This rank's RNG state and step count beside the backend's checkpoint in `path` (`extra_rank{r}.pt`)."""
+    torch.save({"rng": get_rng_state(), "steps": state.steps}, _extra_file(path))
+
+
+def load_extra(path: str, state: TrainState) -> None:
+    """Restore what save_extra wrote: the step count into `state`, the RNG streams of this process."""
+    extra = torch.load(_extra_file(path), weights_only=False)
+    state.steps = extra["steps"]
+    set_rng_state(extra["rng"])
+
+
+def export_then_barrier(write: Callable[[], None], others: Callable[[], None] = lambda: None) -> None:
+    """Rank 0 writes (`write`), every other rank runs `others` (its part of the collectives that feed the
+    writer), then all wait for the folder to be complete."""
+    (write if dist.get_rank() == 0 else others)()
+    dist.barrier()
