@@ -1,0 +1,53 @@
+"""verl.engine_parts, the skeleton every train engine shares, on plain tensors (the engines: tests/engines/)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from tests.engine_fixtures import gloo_world_one  # noqa: F401
+from verl.config.schema import OptimConfig
+from verl.engine import EngineConfig
+from verl.engine_parts import Accumulator, TrainState, load_extra, optimizer_step, save_extra
+from verl.protocol import DataProto
+
+
+def _rows(n: int) -> DataProto:
+    return DataProto.from_dict({"x": torch.arange(float(n))[:, None]})
+
+
+def test_accumulator_weights_each_micro_batch_by_its_rows():
+    def loss_fn(outputs, mb):
+        loss = mb.batch["x"].mean()
+        return loss, {"loss": float(loss)}
+
+    acc = Accumulator(4, loss_fn)
+    batch = _rows(4)
+    weighted = [acc({}, mb) for mb in batch.split(3)]  # rows 0-2 (mean 1), row 3 (mean 3)
+    assert [float(w) for w in weighted] == pytest.approx([1 * 3 / 4, 3 * 1 / 4])
+    assert acc.totals == pytest.approx({"loss": 1.5})  # the whole batch's mean
+
+
+def test_a_non_finite_norm_skips_the_update_but_not_the_schedule():
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=1.0)
+    cfg = EngineConfig(model_path="m", optim=OptimConfig(lr=1.0, warmup_steps=4), total_steps=8)
+    state, updates = TrainState(), []
+    skipped = optimizer_step(state, opt, cfg, grad_norm=lambda: float("nan"), update=updates.append)
+    ok = optimizer_step(state, opt, cfg, grad_norm=lambda: 2.0, update=updates.append)
+    assert skipped["skipped_steps"] == 1.0 and skipped["lr"] == pytest.approx(0.25)
+    assert "skipped_steps" not in ok and ok == {"grad_norm": 2.0, "lr": pytest.approx(0.5)}
+    assert updates == [2.0] and state.steps == 2
+
+
+def test_extra_state_restores_the_step_count_and_rng(gloo_world_one, tmp_path):  # noqa: F811
+    save_extra(str(tmp_path), TrainState(steps=7))
+    assert (tmp_path / "extra_rank0.pt").exists()
+    want = (random.random(), torch.rand(3))
+    restored = TrainState()
+    load_extra(str(tmp_path), restored)
+    assert restored.steps == 7
+    got = (random.random(), torch.rand(3))
+    assert got[0] == want[0] and torch.equal(got[1], want[1])
