@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from tests.engine_fixtures import gloo_world_one  # noqa: F401
+from tests.support.engines import gloo_world_one  # noqa: F401
 from verl.config.schema import OptimConfig
 from verl.engine import EngineConfig
 from verl.engine_parts import Accumulator, TrainState, load_extra, optimizer_step, save_extra

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.engine_fixtures import free_port, make_llama_dir, random_batch
+from tests.support.engines import free_port, make_llama_dir, random_batch
 from verl.config.schema import OptimConfig, ParallelConfig
 from verl.engine import EngineConfig
 
