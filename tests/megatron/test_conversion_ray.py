@@ -113,7 +113,12 @@ def test_pp2_cp2_log_probs_and_critic_values_match_hf(ray_two_cpus, models, tmp_
     pool, group = _group(4, {"pp": 2, "cp": 2})
     try:
         # Megatron's rank order is tp, cp, dp, pp: ranks 2 and 3 are the last stage, rank 2 its cp rank 0.
-        assert group.call("load", "llama", models["llama"]) == [(0, 1, False), (0, 1, False), (0, 1, True), (0, 1, False)]
+        assert group.call("load", "llama", models["llama"]) == [
+            (0, 1, False),
+            (0, 1, False),
+            (0, 1, True),
+            (0, 1, False),
+        ]
         batch = parity_batch(vocab=83)
         worst = check_log_probs(group.call("infer", "llama", batch), models["llama"], batch)
         print(f"pp2 cp2: max |log-prob - HF| = {worst:.2e}")

@@ -57,10 +57,14 @@ def test_the_critic_lr_schedule_spans_the_critics_own_optimizer_steps(tmp_path):
     _, rows = _fit(trainer)
     # critic/lr is the mean over the step's 6 optimizer steps of the LR each one used (0-based step index).
     for step, row in enumerate(rows):
-        expected = 1e-3 * sum(
-            lr_multiplier(i, warmup_steps=0, total_steps=12, scheduler="cosine", min_lr_ratio=0.0)
-            for i in range(6 * step, 6 * step + 6)
-        ) / 6
+        expected = (
+            1e-3
+            * sum(
+                lr_multiplier(i, warmup_steps=0, total_steps=12, scheduler="cosine", min_lr_ratio=0.0)
+                for i in range(6 * step, 6 * step + 6)
+            )
+            / 6
+        )
         assert row["critic/lr"] == pytest.approx(expected, rel=1e-6), step
     # Over the actor's 4 steps instead, the second training step would run at the schedule's floor (0).
     assert rows[1]["critic/lr"] > 1e-5
@@ -133,7 +137,10 @@ def test_tokenizer_path_is_where_the_tokenizer_comes_from(tmp_path, tiny_llama):
 def test_validation_samples_at_val_temperature(tmp_path):
     def scores_of_two_validations(temperature: float) -> tuple[float, float]:
         cfg = tiny_config(
-            "grpo_tiny", str(tmp_path / str(temperature)), "trainer.controller=local", f"rollout.val_temperature={temperature}"
+            "grpo_tiny",
+            str(tmp_path / str(temperature)),
+            "trainer.controller=local",
+            f"rollout.val_temperature={temperature}",
         )
         trainer = verl.PPOTrainer(cfg, reward_fn=odd_length_reward)  # scores the parity of each response's length
         try:

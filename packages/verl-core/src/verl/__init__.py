@@ -39,4 +39,3 @@ def __getattr__(name: str) -> Any:
     if name in _PUBLIC:
         return getattr(importlib.import_module(_PUBLIC[name]), name)
     raise AttributeError(f"module 'verl' has no attribute '{name}'")
-

@@ -7,6 +7,7 @@ from typing import List, Optional
 from verl.config.placement import Layout, Pool
 from verl.config.plan import BatchPlan, Plan
 
+
 def _count(n: int, word: str) -> str:
     """'1 device', '2 devices', '2 micro-batches'."""
     if n == 1:
@@ -121,4 +122,3 @@ def format_plan(plan: Plan, max_rows: int = 64) -> str:
         lines += _batch_lines(plan.batch) + [""]
     lines += _table(["node", "device", "rank", "workers"], _rank_rows(plan, max_rows))
     return "\n".join(lines)
-

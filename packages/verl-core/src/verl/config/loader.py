@@ -14,22 +14,19 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-import re
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from functools import cache
-from pathlib import Path
 from typing import Any, Union
 
-import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, OmegaConfBaseException
 
 from verl.config.errors import ConfigError, ConfigProblem
+from verl.config.recipe_text import KeyPath, describe, dotted_key, nest, parse_all, read_recipe
 from verl.config.schema import REMOVED_KEYS, VerlConfig
 
-KeyPath = tuple[str | int, ...]  # str for mapping keys, int for list indices
 Locate = Callable[[KeyPath], str | None]
 Container = DictConfig | ListConfig
 
@@ -60,15 +57,15 @@ def read_config(
     if isinstance(path, Mapping):  # a recipe given as data: the same checks, without file locations
         data, locations, problems = _plain(path), {}, []
     else:
-        data, locations, problems = _read_recipe(path)
+        data, locations, problems = read_recipe(path)
     if data:
-        _apply_section(cfg, VerlConfig, data, (), lambda p: locations.get(_dotted(p)), problems)
-    parsed, override_problems = _parse_all(overrides)
+        _apply_section(cfg, VerlConfig, data, (), lambda p: locations.get(dotted_key(p)), problems)
+    parsed, override_problems = parse_all(overrides)
     problems += override_problems
     for text, key_path, value in parsed:
         where = f"override '{text}'"
-        locations[_dotted(key_path)] = where
-        _apply_section(cfg, VerlConfig, _nest(key_path, value), (), lambda _p, w=where: w, problems)
+        locations[dotted_key(key_path)] = where
+        _apply_section(cfg, VerlConfig, nest(key_path, value), (), lambda _p, w=where: w, problems)
     # An unreadable file would make every required key look missing: report only the file.
     if data is not None:
         problems += _missing_problems(cfg, locations, problems)
@@ -90,7 +87,7 @@ def parse_overrides(overrides: Sequence[str]) -> tuple[dict, list[ConfigProblem]
     `load_config` applies them to the existing list elements.
     """
     nested: dict = {}
-    parsed, problems = _parse_all(overrides)
+    parsed, problems = parse_all(overrides)
     for _text, key_path, value in parsed:
         node = nested
         for part in key_path[:-1]:
@@ -110,178 +107,6 @@ def to_yaml(cfg: DictConfig, resolve: bool = True) -> str:
         raise ConfigError(
             [ConfigProblem(key, f"cannot resolve: {_first_line(e)}", fix="point the interpolation at an existing key")]
         ) from None
-
-
-# --------------------------------------------------------------------------- reading the file
-
-
-class _RecipeLoader(yaml.SafeLoader):
-    """SafeLoader with OmegaConf's scalar rules: `1e-6` is a float, dates stay strings."""
-
-
-_RecipeLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-        |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
-        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""",
-        re.VERBOSE,
-    ),
-    list("-+0123456789."),
-)
-_RecipeLoader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-    for first, resolvers in _RecipeLoader.yaml_implicit_resolvers.items()
-}
-
-
-def _read_recipe(path: str | os.PathLike) -> tuple[Mapping | None, dict[str, str], list[ConfigProblem]]:
-    """The file's data (None when unusable), "file:line:col" of every key by dotted path, and problems."""
-    name = os.fspath(path)
-    try:
-        text = Path(name).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        fix = f"check the path (relative paths start at {os.getcwd()})"
-        return None, {}, [ConfigProblem("", f"recipe file '{name}' not found", fix=fix, location=name)]
-    except (OSError, UnicodeDecodeError) as e:
-        return None, {}, [ConfigProblem("", f"cannot read recipe file '{name}': {e}", location=name)]
-
-    loader = _RecipeLoader(text)
-    try:
-        # Compose first: the node tree keeps each key's line/column, the plain data does not.
-        node = loader.get_single_node()
-        locations: dict[str, str] = {}
-        problems: list[ConfigProblem] = []
-        if node is not None:
-            _record_locations(node, (), name, locations, problems, set())
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.MarkedYAMLError as e:
-        return None, {}, [_yaml_problem(e, name)]
-    except yaml.YAMLError as e:
-        return None, {}, [ConfigProblem("", f"invalid YAML: {e}", location=name)]
-    finally:
-        loader.dispose()
-
-    if data is None:  # an empty recipe: everything comes from defaults and overrides
-        data = {}
-    if not isinstance(data, Mapping):
-        message = f"the top level must be a mapping of sections, got {_describe(data)}"
-        fix = "start the file with sections such as 'model:', 'data:', 'actor:'"
-        return None, {}, [ConfigProblem("", message, fix=fix, location=f"{name}:1:1")]
-    return data, locations, problems
-
-
-def _yaml_problem(e: yaml.MarkedYAMLError, name: str) -> ConfigProblem:
-    mark = e.problem_mark or e.context_mark
-    message = f"invalid YAML: {e.problem or e.context or 'syntax error'}"
-    if e.context and e.problem:
-        message += f" ({e.context})"
-    if mark is None:
-        return ConfigProblem("", message, location=name)
-    where = _mark(name, mark)
-    return ConfigProblem(
-        "", message, fix=f"fix the YAML at line {mark.line + 1}, column {mark.column + 1}", location=where
-    )
-
-
-def _mark(name: str, mark: yaml.Mark) -> str:
-    return f"{name}:{mark.line + 1}:{mark.column + 1}"  # yaml marks are 0-based
-
-
-def _record_locations(
-    node: yaml.Node, path: KeyPath, name: str, out: dict[str, str], problems: list[ConfigProblem], active: set
-) -> None:
-    """Walk the composed node tree: dotted key path -> location of the key (list items: of the item)."""
-    if id(node) in active:  # a recursive alias (&a [*a]) would loop forever
-        return
-    active.add(id(node))
-    if isinstance(node, yaml.MappingNode):
-        first_seen: dict[str, yaml.Mark] = {}
-        for key_node, value_node in node.value:
-            # '<<' merge keys and complex keys have no key path of their own.
-            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
-                continue
-            key_path = path + (key_node.value,)
-            dotted = _dotted(key_path)
-            if key_node.value in first_seen:
-                line = first_seen[key_node.value].line + 1
-                problems.append(
-                    ConfigProblem(
-                        dotted,
-                        f"duplicate key: this value would silently replace the one on line {line}",
-                        fix="keep only one of them",
-                        location=_mark(name, key_node.start_mark),
-                    )
-                )
-            first_seen[key_node.value] = key_node.start_mark
-            out[dotted] = _mark(name, key_node.start_mark)
-            _record_locations(value_node, key_path, name, out, problems, active)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            out[_dotted(path + (index,))] = _mark(name, item.start_mark)
-            _record_locations(item, path + (index,), name, out, problems, active)
-    active.discard(id(node))
-
-
-# --------------------------------------------------------------------------- overrides
-
-
-def _parse_all(overrides: Sequence[str]) -> tuple[list[tuple[str, KeyPath, Any]], list[ConfigProblem]]:
-    """Parse every override; the good ones as (text, key path, value), a problem per bad one."""
-    parsed, problems = [], []
-    for text in overrides:
-        result = _parse_override(text)
-        if isinstance(result, ConfigProblem):
-            problems.append(result)
-        else:
-            parsed.append((text, *result))
-    return parsed, problems
-
-
-def _parse_override(text: str) -> tuple[KeyPath, Any] | ConfigProblem:
-    """`a.b.c=value` -> (("a", "b", "c"), value parsed as YAML), or a problem naming the override."""
-    where = f"override '{text}'"
-    if text[:1] in ("+", "~"):
-        return ConfigProblem(
-            text.lstrip("+~").split("=", 1)[0],
-            f"'{text[0]}' overrides are not supported: every key must already exist in the schema",
-            fix="drop the prefix and use KEY=VALUE with a key the schema defines",
-            location=where,
-        )
-    key, sep, raw = text.partition("=")
-    key = key.strip()
-    if not sep:
-        return ConfigProblem(
-            "",
-            f"malformed override '{text}': expected KEY=VALUE",
-            fix="write it as KEY=VALUE, e.g. actor.ppo_epochs=2",
-            location=where,
-        )
-    parts = tuple(key.split("."))
-    if not key or any(not part for part in parts):
-        return ConfigProblem(
-            key,
-            f"malformed override '{text}': empty key or key part",
-            fix="write it as KEY=VALUE, e.g. actor.ppo_epochs=2",
-            location=where,
-        )
-    if raw == "":  # `key=` means the empty string, as in Hydra; write key=null for None
-        return parts, ""
-    try:
-        return parts, yaml.load(raw, Loader=_RecipeLoader)
-    except yaml.YAMLError as e:
-        reason = getattr(e, "problem", None) or str(e)
-        return ConfigProblem(
-            key, f"cannot parse value {raw!r} as YAML: {reason}", fix="quote the value, e.g. key='text'", location=where
-        )
-
-
-def _nest(key_path: KeyPath, value: Any) -> dict:
-    for part in reversed(key_path):
-        value = {part: value}
-    return value
 
 
 # --------------------------------------------------------------------------- schema walk + merge
@@ -379,9 +204,9 @@ def _apply_indices(
         if not 0 <= index < len(node):
             problems.append(
                 ConfigProblem(
-                    _dotted(path + (index,)),
+                    dotted_key(path + (index,)),
                     f"list index {index} out of range: the list has {len(node)} element(s)",
-                    fix=f"use an index below {len(node)}, or set the whole list {_dotted(path)}=[...]",
+                    fix=f"use an index below {len(node)}, or set the whole list {dotted_key(path)}=[...]",
                     location=locate(path + (index,)),
                 )
             )
@@ -426,26 +251,28 @@ def _is_list(parent: Container, key: str | int) -> bool:
 
 def _unknown_key(path: KeyPath, valid: list[str], location: str | None) -> ConfigProblem:
     key = str(path[-1])
-    if _dotted(path) in REMOVED_KEYS:
-        return ConfigProblem(_dotted(path), f"'{_dotted(path)}' was removed", fix=REMOVED_KEYS[_dotted(path)], location=location)
+    if dotted_key(path) in REMOVED_KEYS:
+        return ConfigProblem(
+            dotted_key(path), f"'{dotted_key(path)}' was removed", fix=REMOVED_KEYS[dotted_key(path)], location=location
+        )
     guess = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
-    section = _dotted(path[:-1]) or "the top level"
+    section = dotted_key(path[:-1]) or "the top level"
     if guess:
         message = f"unknown key '{key}'; did you mean '{guess[0]}'?"
-        fix = f"rename it to {_dotted(path[:-1] + (guess[0],))}"
+        fix = f"rename it to {dotted_key(path[:-1] + (guess[0],))}"
     else:
         message = f"unknown key '{key}' in {section}"
         fix = f"valid keys in {section}: {', '.join(sorted(valid))}"
-    return ConfigProblem(_dotted(path), message, fix=fix, location=location)
+    return ConfigProblem(dotted_key(path), message, fix=fix, location=location)
 
 
 def _type_problem(path: KeyPath, tp: Any, value: Any, error: Exception, location: str | None) -> ConfigProblem:
     expected = _type_name(tp)
-    message = f"expected {expected}, got {_describe(value)}"
+    message = f"expected {expected}, got {describe(value)}"
     if isinstance(value, (list, dict)):  # say which element failed; for scalars the line above says it all
         message += f" ({_first_line(error)})"
     return ConfigProblem(
-        _dotted(path), message, fix=f"give {_dotted(path)} a value of type {expected}", location=location
+        dotted_key(path), message, fix=f"give {dotted_key(path)} a value of type {expected}", location=location
     )
 
 
@@ -465,28 +292,15 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _describe(value: Any) -> str:
-    if value is None:
-        return "null"
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{type(value).__name__} {text}"
-
-
 def _first_line(error: Exception) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def _dotted(path: KeyPath) -> str:
-    return ".".join(str(part) for part in path)
-
-
 def _nearest_location(locations: dict[str, str], path: KeyPath) -> str | None:
     """The location of the key, or of its closest ancestor that the user wrote."""
     for end in range(len(path), 0, -1):
-        where = locations.get(_dotted(path[:end]))
+        where = locations.get(dotted_key(path[:end]))
         if where:
             return where
     return None
@@ -512,11 +326,11 @@ def _missing_problems(cfg: DictConfig, locations: dict[str, str], found: list[Co
     reported = {p.key for p in found}
     problems = []
     for parent, key, path in _walk(cfg):
-        dotted = _dotted(path)
+        dotted = dotted_key(path)
         if not OmegaConf.is_missing(parent, key) or _suggested(dotted, found):
             continue
         # A key (or section) that already failed to merge keeps its default ???: one problem is enough.
-        if any(_dotted(path[:end]) in reported for end in range(1, len(path) + 1)):
+        if any(dotted_key(path[:end]) in reported for end in range(1, len(path) + 1)):
             continue
         problems.append(
             ConfigProblem(
@@ -551,7 +365,7 @@ def _interpolation_problems(cfg: DictConfig, locations: dict[str, str]) -> list[
             raw = OmegaConf.to_container(parent, resolve=False)[key]
             problems.append(
                 ConfigProblem(
-                    _dotted(path),
+                    dotted_key(path),
                     f"cannot resolve interpolation {raw!r}: {_first_line(e)}",
                     fix="point it at an existing key with a value of the right type, e.g. ${tracking.project}",
                     location=_nearest_location(locations, path),

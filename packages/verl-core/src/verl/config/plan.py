@@ -30,6 +30,7 @@ from verl.config.placement import (
     value,
 )
 
+
 @dataclass(frozen=True)
 class TrainBatch:
     """One optimizer mini-batch of a training role (actor or critic), split over its DP ranks."""
@@ -226,6 +227,7 @@ class Draft:
     def layout(self, role: str) -> Optional[Layout]:
         return next((layout for layout in self.layouts if layout.role == role), None)
 
+
 def _positive(cfg: DictConfig, key: str, default_key: Optional[str] = None) -> Optional[int]:
     v = value(cfg, key)
     if v is None and default_key is not None:
@@ -325,7 +327,9 @@ def build_plan(cfg: Any, total_steps: Optional[int] = None) -> Plan:
     problems = [p for p in draft.problems if p.severity == "error"]
     if draft.batch is None:
         problems.append(
-            ConfigProblem("data.train_batch_size", "the batch sizes are unset", "set data.train_batch_size and rollout.n")
+            ConfigProblem(
+                "data.train_batch_size", "the batch sizes are unset", "set data.train_batch_size and rollout.n"
+            )
         )
     if problems:
         raise ConfigError(problems)

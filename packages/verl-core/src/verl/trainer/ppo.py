@@ -140,7 +140,9 @@ class PPOTrainer:
     def sample(self, prompts: DataProto, n: int, temperature: Optional[float] = None) -> DataProto:
         """n responses per prompt (samples of a prompt adjacent). Only the prompt tensors travel to the workers;
         the text columns (raw prompts, ground truths, uids) stay here and are repeated alongside."""
-        out = self.workers.actor_rollout.call(ActorRolloutRefWorker.generate, prompts.select(PROMPTS, []), n=n, temperature=temperature)
+        out = self.workers.actor_rollout.call(
+            ActorRolloutRefWorker.generate, prompts.select(PROMPTS, []), n=n, temperature=temperature
+        )
         return out.union(prompts.select([], None).repeat(n, interleave=True))
 
     def greedy_baselines(self, prompts: DataProto) -> torch.Tensor:
@@ -225,9 +227,13 @@ class PPOTrainer:
         perf/weight_sync_bytes and perf/weight_sync_comm_bytes summed over ranks, timing/weight_sync_s)."""
         metrics: Dict[str, float] = {}
         if self.use_critic:
-            metrics.update(_mean_over_ranks(self.workers.critic.call(CriticWorker.update_critic, batch.select(CRITIC_UPDATE, []))))
+            metrics.update(
+                _mean_over_ranks(self.workers.critic.call(CriticWorker.update_critic, batch.select(CRITIC_UPDATE, [])))
+            )
         actor_batch = batch.select(actor_update_columns(self.cfg), [])
-        metrics.update(_mean_over_ranks(self.workers.actor_rollout.call(ActorRolloutRefWorker.update_actor, actor_batch)))
+        metrics.update(
+            _mean_over_ranks(self.workers.actor_rollout.call(ActorRolloutRefWorker.update_actor, actor_batch))
+        )
         return metrics
 
     # ---- one step, validation, checkpoints ----------------------------------------------------------

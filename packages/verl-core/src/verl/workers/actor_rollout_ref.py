@@ -81,7 +81,9 @@ class ActorRolloutRefWorker(Worker):
                 self.cfg, plan, model_path=self.model_path, tokenizer=self.tokenizer, actor=self.actor
             )
         if "ref" in self.roles:
-            self.ref = train_engine(self.cfg, plan.role("ref"), model_path=self.model_path, total_steps=1, optimize=False)
+            self.ref = train_engine(
+                self.cfg, plan.role("ref"), model_path=self.model_path, total_steps=1, optimize=False
+            )
         engine = self.actor or self.ref
         if engine is not None:  # batches are split by the train engine's data-parallel layout
             self.set_dispatch_info(*engine.data_parallel_info())
@@ -105,7 +107,9 @@ class ActorRolloutRefWorker(Worker):
         call for both (entropy is measured in the update, where it is used)."""
         plan, out = self.plan, {}
         if self.actor is not None:
-            infer = self.actor.infer(batch, micro_batch_size=plan.role("actor").micro_batch, temperature=plan.temperature)
+            infer = self.actor.infer(
+                batch, micro_batch_size=plan.role("actor").micro_batch, temperature=plan.temperature
+            )
             out["old_log_probs"] = infer.batch["log_probs"]
         if self.ref is not None:
             infer = self.ref.infer(batch, micro_batch_size=plan.role("ref").micro_batch, temperature=plan.temperature)

@@ -1,0 +1,260 @@
+"""Config checks of the algorithm keys: registry names (verl.algos, after importing trainer.plugins), the
+estimator's needs (values, groups) and the ranges of the policy-loss, KL and DAPO settings."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, List, Mapping
+
+from omegaconf import DictConfig
+
+from verl.config.checks import Context, error_at, warning_at
+from verl.config.errors import ConfigError, ConfigProblem
+from verl.config.placement import value
+
+# Keys that name a registry entry (verl.algos), and the registry: "critic." keys only when a critic runs.
+REGISTRY_KEYS = (
+    ("algorithm.adv_estimator", "ADV_ESTIMATORS"),
+    ("actor.policy_loss", "POLICY_LOSSES"),
+    ("actor.loss_agg_mode", "AGG_MODES"),
+    ("critic.loss_agg_mode", "AGG_MODES"),
+    ("algorithm.kl_penalty", "KL_ESTIMATORS"),
+    ("actor.kl_loss_type", "KL_ESTIMATORS"),
+    ("algorithm.kl_ctrl.type", "KL_CONTROLLERS"),
+)
+
+
+def _estimator_label(spec: Any) -> str:
+    if isinstance(spec, Mapping):
+        return str(spec.get("_target_", spec))
+    return str(spec)
+
+
+def check_values_have_a_critic(ctx: Context) -> List[ConfigProblem]:
+    """An estimator that needs values (gae) cannot run with the critic turned off."""
+    from verl.algos import estimator_needs_values
+
+    spec = value(ctx.cfg, "algorithm.adv_estimator")
+    try:
+        needs = estimator_needs_values(spec)
+    except (LookupError, ValueError, TypeError, ConfigError):  # reported by check_registry_names
+        return []
+    if not needs or "critic" in ctx.draft.roles:
+        return []
+    return [
+        error_at(
+            "critic.enable",
+            f"algorithm.adv_estimator={_estimator_label(spec)} needs values, but the critic is off",
+            "set critic.enable=true, or pick an estimator without a critic (e.g. grpo)",
+        )
+    ]
+
+
+def check_group_size(ctx: Context) -> List[ConfigProblem]:
+    """Estimators with a group baseline (they need the group index) learn nothing from groups of one."""
+    from verl.algos import estimator_requires
+
+    spec, n = value(ctx.cfg, "algorithm.adv_estimator"), value(ctx.cfg, "rollout.n")
+    if n != 1:
+        return []
+    try:
+        grouped = "index" in estimator_requires(spec)
+    except (LookupError, ValueError, TypeError, ConfigError):  # reported by check_registry_names
+        return []
+    if not grouped:
+        return []
+    return [
+        warning_at(
+            "rollout.n",
+            f"rollout.n=1 with algorithm.adv_estimator={_estimator_label(spec)}: groups of one sample give zero advantages",
+            "set rollout.n to 2 or more (e.g. 8)",
+        )
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# algorithms (verl.algos registries)
+# ---------------------------------------------------------------------------------------------
+
+
+def _registered(key: str, spec: Any, registry: Any) -> List[ConfigProblem]:
+    """A registry entry by name, or a {_target_: ...} mapping whose target imports."""
+    if isinstance(spec, str):
+        if spec in registry:
+            return []
+        names = registry.names()
+        close = difflib.get_close_matches(spec, names, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        return [
+            error_at(
+                key,
+                f"'{spec}' is not a registered {registry.kind} (registered: {', '.join(names)})",
+                f"{hint}set {key} to one of them, register yours in a module listed in trainer.plugins, "
+                f"or give {{_target_: pkg.module.fn}}",
+            )
+        ]
+    if isinstance(spec, Mapping):
+        if "_target_" not in spec:
+            return [
+                error_at(
+                    key,
+                    f"a mapping here needs '_target_', got keys {list(spec)}",
+                    f"write {key}: {{_target_: pkg.module.fn}}",
+                )
+            ]
+        try:
+            registry.get(spec, key=key)
+        except ConfigError as e:
+            return list(e.problems)
+        return []
+    return [
+        error_at(
+            key,
+            f"expected a registered {registry.kind} name or a {{_target_: ...}} mapping, got {type(spec).__name__} {spec!r}",
+            f"set {key} to one of {', '.join(registry.names())}",
+        )
+    ]
+
+
+def check_registry_names(ctx: Context) -> List[ConfigProblem]:
+    from verl import algos  # lazy: torch only once the algorithm keys are checked
+
+    problems = []
+    for key, registry_name in REGISTRY_KEYS:
+        if key.startswith("critic.") and "critic" not in ctx.draft.roles:
+            continue
+        problems += _registered(key, value(ctx.cfg, key), getattr(algos, registry_name))
+    return problems
+
+
+def check_policy_loss(ctx: Context) -> List[ConfigProblem]:
+    cfg, problems = ctx.cfg, []
+    clip = value(cfg, "actor.clip_ratio")
+    low = value(cfg, "actor.clip_ratio_low")
+    high = value(cfg, "actor.clip_ratio_high")
+    low_key = "actor.clip_ratio_low" if low is not None else "actor.clip_ratio"
+    high_key = "actor.clip_ratio_high" if high is not None else "actor.clip_ratio"
+    low, high = (clip if low is None else low), (clip if high is None else high)
+    if low is not None and not 0 <= low < 1:
+        problems.append(
+            error_at(low_key, f"the lower clip must be in [0, 1) (ratios clip to 1 - {low})", f"set {low_key}=0.2")
+        )
+    if high is not None and high < 0:
+        problems.append(
+            error_at(
+                high_key, f"the upper clip must be >= 0, got {high}", f"set {high_key}=0.2 (DAPO clip-higher: 0.28)"
+            )
+        )
+    c = value(cfg, "actor.clip_ratio_c")
+    if c is not None and c <= 1:
+        problems.append(
+            error_at("actor.clip_ratio_c", f"the dual-clip bound must be > 1, got {c}", "set actor.clip_ratio_c=3.0")
+        )
+    cap = value(cfg, "actor.tis_imp_ratio_cap")
+    if cap is not None and cap <= 0:
+        problems.append(
+            error_at(
+                "actor.tis_imp_ratio_cap",
+                f"must be > 0, got {cap}",
+                "set it to e.g. 2.0, or null to turn truncated IS off",
+            )
+        )
+    norm = value(cfg, "actor.loss_norm_length")
+    if norm is not None and norm < 1:
+        problems.append(
+            error_at(
+                "actor.loss_norm_length", f"must be >= 1, got {norm}", "set it to data.max_response_length, or null"
+            )
+        )
+    mode = value(cfg, "actor.loss_agg_mode")
+    if value(cfg, "actor.policy_loss") == "gspo" and isinstance(mode, str) and mode != "seq-mean-token-mean":
+        problems.append(
+            warning_at(
+                "actor.loss_agg_mode",
+                f"policy_loss=gspo with loss_agg_mode={mode}: GSPO's objective is a mean over sequences of per-sequence "
+                "losses, which only seq-mean-token-mean gives",
+                "set actor.loss_agg_mode=seq-mean-token-mean",
+            )
+        )
+    return problems
+
+
+def check_kl_controller(ctx: Context) -> List[ConfigProblem]:
+    if value(ctx.cfg, "algorithm.kl_ctrl.type") != "adaptive":
+        return []
+    problems = []
+    for key in ("algorithm.kl_ctrl.target_kl", "algorithm.kl_ctrl.horizon"):
+        v = value(ctx.cfg, key)
+        if v is not None and v <= 0:
+            problems.append(
+                error_at(key, f"the adaptive KL controller needs a positive value, got {v}", f"set {key} > 0")
+            )
+    return problems
+
+
+def check_full_kl(ctx: Context) -> List[ConfigProblem]:
+    """The `full` KL estimator needs full-vocabulary log-probs; the trainer passes per-token ones."""
+    problems = []
+    for key, used in (
+        ("algorithm.kl_penalty", "algorithm.use_kl_in_reward"),
+        ("actor.kl_loss_type", "actor.use_kl_loss"),
+    ):
+        if value(ctx.cfg, used) and value(ctx.cfg, key) == "full":
+            problems.append(
+                error_at(
+                    key,
+                    "'full' needs the full-vocabulary distributions, which a training run does not keep",
+                    f"set {key} to low_var_kl (k3), k1, abs or mse",
+                )
+            )
+    return problems
+
+
+def check_dapo(ctx: Context) -> List[ConfigProblem]:
+    cfg, problems = ctx.cfg, []
+    if value(cfg, "algorithm.overlong_buffer.enable"):
+        buffer, max_len = value(cfg, "algorithm.overlong_buffer.len"), value(cfg, "data.max_response_length")
+        if buffer is not None and isinstance(max_len, int) and not 1 <= buffer <= max_len:
+            problems.append(
+                error_at(
+                    "algorithm.overlong_buffer.len",
+                    f"must be in [1, data.max_response_length={max_len}], got {buffer}",
+                    f"set it to a fraction of the response length, e.g. {max(1, max_len // 4)}",
+                )
+            )
+        factor = value(cfg, "algorithm.overlong_buffer.penalty_factor")
+        if factor is not None and factor < 0:
+            problems.append(
+                error_at("algorithm.overlong_buffer.penalty_factor", f"must be >= 0, got {factor}", "set it to 1.0")
+            )
+    if value(cfg, "algorithm.filter_groups.enable"):
+        if value(cfg, "rollout.n") == 1:
+            problems.append(
+                error_at(
+                    "algorithm.filter_groups.enable",
+                    "dynamic sampling with rollout.n=1 drops every group (a group of one has no score spread)",
+                    "set rollout.n to 2 or more, or algorithm.filter_groups.enable=false",
+                )
+            )
+        tries = value(cfg, "algorithm.filter_groups.max_num_gen_batches")
+        if tries is not None and tries < 0:
+            problems.append(
+                error_at(
+                    "algorithm.filter_groups.max_num_gen_batches",
+                    f"must be >= 0 (0: no limit), got {tries}",
+                    "set it to 0 or more",
+                )
+            )
+    return problems
+
+
+def plugin_problems(cfg: DictConfig) -> List[ConfigProblem]:
+    """Import trainer.plugins first: their registrations must exist before any name is looked up."""
+    from verl.algos import load_plugins
+
+    plugins = value(cfg, "trainer.plugins") or []
+    try:
+        load_plugins(list(plugins))
+    except ConfigError as e:
+        return list(e.problems)
+    return []
