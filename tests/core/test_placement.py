@@ -7,10 +7,10 @@ import re
 import pytest
 
 from tests.support.fixtures import make_cfg
-from verl.config.schema import VerlConfig
 from verl.cli.render import format_plan
 from verl.config.placement import Layout, enabled_roles
 from verl.config.plan import make_plan
+from verl.config.schema import VerlConfig
 
 SIXTEEN = {
     "data": {"train_batch_size": 256},

@@ -18,9 +18,9 @@ import torch
 
 from tests.support.engines import policy_batch
 from tests.support.run_configs import tiny_config
+from verl.config.plan import build_plan
 from verl.controller import make_worker_group, pools_from_plan
 from verl.embedded.models import materialize_embedded_model
-from verl.config.plan import build_plan
 from verl.protocol import DataProto
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 

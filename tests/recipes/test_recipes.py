@@ -11,9 +11,9 @@ import pytest
 from verl.backends import installed_backends
 from verl.config.errors import ConfigError
 from verl.config.loader import load_config
-from verl.config.validate import validate
 from verl.config.placement import enabled_roles, role_backend
 from verl.config.plan import make_plan
+from verl.config.validate import validate
 
 RECIPES = Path("recipes")
 NAMES = sorted(p.stem for p in RECIPES.glob("*.yaml"))

@@ -15,8 +15,8 @@ import torch
 from verl.algos import ADV_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, compute_advantages, load_plugins
 from verl.config.errors import ConfigError
 from verl.config.loader import load_config
-from verl.config.validate import validate
 from verl.config.placement import enabled_roles
+from verl.config.validate import validate
 
 RECIPE = """\
 model: {path: /tmp/m}

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.fixtures import make_cfg
+from verl.config.plan import make_plan
 from verl.controller import Dispatch, ResourcePool, Worker, WorkerError, init_ray, pools_from_plan, register
 from verl.controller.dispatch import (
     DispatchInfo,
@@ -18,7 +19,6 @@ from verl.controller.dispatch import (
     registered_methods,
     split,
 )
-from verl.config.plan import make_plan
 from verl.protocol import DataProto
 
 
