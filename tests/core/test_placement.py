@@ -211,6 +211,7 @@ def test_format_plan_sixteen_gpus():
     assert "256 prompts / DP 8 = 32 prompts per replica" in text
     assert "mini-batch 64 prompts = 512 samples = 256 per DP rank = 64 micro-batches of 4" in text
     assert "4 mini-batches x 1 epoch = 4 optimizer steps/step" in text
+    assert "lengths: prompts <= 512 tokens, responses <= 512 tokens; log-probs at temperature 1" in text
     assert "\n1 5 13 actor tp1 pp1 dp1 | rollout tp1 dp6 | ref tp1 pp1 dp1\n" in text
     assert "\n0 0 0 actor tp0 pp0 dp0 | rollout tp0 dp0 | ref tp0 pp0 dp0\n" in text
     assert len(re.findall(r"^\d+ \d+ \d+ actor", text, re.M)) == 16
@@ -242,3 +243,15 @@ def test_make_plan_accepts_a_verl_config():
     plan, problems = make_plan(cfg)
     assert problems == [] and plan is not None
     assert plan.batch.samples == 4
+
+
+def test_the_plan_counts_each_roles_optimizer_steps_over_the_run():
+    from verl.config.plan import build_plan
+
+    gae = {"algorithm": {"adv_estimator": "gae"}, "actor": {"ppo_epochs": 2}, "critic": {"ppo_epochs": 3}}
+    plan = build_plan(make_cfg(SIXTEEN, gae, {"trainer": {"total_steps": 10}}))
+    # 256 prompts / mini-batches of 64 = 4 per step; x epochs; x 10 steps
+    assert plan.optimizer_steps("actor") == 4 * 2 * 10 and plan.optimizer_steps("critic") == 4 * 3 * 10
+    assert plan.role("ref").backend == "megatron" and plan.layout("ref").tp == 4  # inherited from the actor
+    assert plan.role("actor").rows_per_rank == 256 and plan.train_dp == 16  # lcm of actor DP 2, critic DP 16
+    assert "run: 10 steps; optimizer steps (each role's LR schedule): actor 80, critic 120" in squash(format_plan(plan))

@@ -89,6 +89,19 @@ def _batch_lines(batch: BatchPlan) -> List[str]:
     return lines
 
 
+def _run_lines(plan: Plan) -> List[str]:
+    """Lengths, the log-prob temperature, and (when the run's length is known) each role's optimizer steps."""
+    lines = [
+        f"lengths: prompts <= {plan.prompt_length} tokens, responses <= {plan.response_length} tokens; "
+        f"log-probs at temperature {plan.temperature:g}"
+    ]
+    trained = [r for r in ("actor", "critic") if plan.has(r) and plan.role(r).train is not None]
+    if plan.total_steps is not None and trained:
+        steps = ", ".join(f"{r} {plan.optimizer_steps(r)}" for r in trained)
+        lines.append(f"run: {_count(plan.total_steps, 'step')}; optimizer steps (each role's LR schedule): {steps}")
+    return lines
+
+
 def _rank_rows(plan: Plan, max_rows: int) -> List[List[str]]:
     ranks = list(range(plan.world_size))
     rows = []
@@ -119,6 +132,6 @@ def format_plan(plan: Plan, max_rows: int = 64) -> str:
         "",
     ]
     if plan.batch is not None:
-        lines += _batch_lines(plan.batch) + [""]
+        lines += _batch_lines(plan.batch) + _run_lines(plan) + [""]
     lines += _table(["node", "device", "rank", "workers"], _rank_rows(plan, max_rows))
     return "\n".join(lines)

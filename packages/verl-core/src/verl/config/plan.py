@@ -11,6 +11,7 @@ them re-derives these numbers. `draft_plan` is the same arithmetic when parts of
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -181,6 +182,11 @@ class Plan:
         if self.total_steps is None:
             raise ValueError("the plan does not know the run's length yet: build it with total_steps")
         return max(1, self.total_steps * self.role(role).optimizer_steps_per_step)
+
+    @property
+    def train_dp(self) -> int:
+        """What a training batch's rows must be a multiple of: every train role splits it over its DP ranks."""
+        return math.lcm(*[self.layout(r).dp for r in ("actor", "ref", "critic") if self.has(r)])
 
     def with_total_steps(self, total_steps: int) -> "Plan":
         return dataclasses.replace(self, total_steps=total_steps)

@@ -121,7 +121,6 @@ class PPOTrainer:
         )
         self.workers = start_workers(cfg, plan, model_path=self.model_path, tokenizer_path=cfg.model.tokenizer_path)
         self.dp = plan.layout("rollout").dp  # validation pads its prompts to a multiple of this
-        self.train_dp = self.workers.actor_rollout.world_size
         self.step = 0
         self.rollouts = 0  # generate() calls: part of every uid, so groups of different batches never merge
         self.val_history: List[Dict[str, float]] = []
@@ -175,7 +174,8 @@ class PPOTrainer:
             tries += 1
         # Whole groups, and a number of rows every data-parallel rank can split evenly.
         groups = min(have, want)
-        groups -= groups % max(1, self.train_dp // math.gcd(self.train_dp, n))
+        dp = self.plan.train_dp
+        groups -= groups % max(1, dp // math.gcd(dp, n))
         if groups == 0:
             raise RuntimeError(
                 f"dynamic sampling kept no prompt group with differing rewards in {tries} rollout batches "
