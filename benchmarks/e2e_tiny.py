@@ -28,7 +28,8 @@ from machine import cpu_name
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "grpo_tiny.yaml"
-STAGES = ("gen", "reward", "log_probs", "adv", "update", "sync")
+STAGES = ("gen", "reward", "log_probs", "adv", "update")  # verl's update ends with the weight sync
+CALLS = ("perf/worker_calls", "perf/worker_bytes_sent", "perf/worker_bytes_received")
 
 
 def run_verl(steps: int, out_dir: str) -> list[dict]:
@@ -135,8 +136,7 @@ def run_plain(cfg, steps: int) -> list[dict]:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), a.optim.grad_clip)
             opt.step()
-        t["update"] = time.perf_counter() - s
-        t["sync"] = 0.0  # one process, one copy of the weights
+        t["update"] = time.perf_counter() - s  # one process, one copy of the weights: nothing to sync
         step_s = time.perf_counter() - start
         tokens = int(full_mask.sum())
         rows.append(
@@ -152,8 +152,8 @@ def run_plain(cfg, steps: int) -> list[dict]:
 
 def summarize(rows: list[dict], skip: int) -> dict:
     rows = rows[skip:]
-    keys = [f"timing/{s}_s" for s in STAGES] + ["timing/step_s", "perf/tokens_per_s", "reward/score/mean"]
-    return {k: statistics.median(r[k] for r in rows if k in r) for k in keys}
+    keys = [f"timing/{s}_s" for s in STAGES] + ["timing/step_s", "perf/tokens_per_s", "reward/score/mean", *CALLS]
+    return {k: statistics.median(r[k] for r in rows if k in r) for k in keys if any(k in r for r in rows)}
 
 
 def main() -> None:
@@ -197,6 +197,7 @@ def main() -> None:
     lines += [
         f"| perf/tokens_per_s | {v['perf/tokens_per_s']:.0f} | {p['perf/tokens_per_s']:.0f} | **{ratio:.2f}** |",
         f"| reward/score/mean | {v['reward/score/mean']:.3f} | {p['reward/score/mean']:.3f} | |",
+        *[f"| {k} (per step) | {v[k]:,.0f} | - | |" for k in CALLS if k in v],
         "",
         "verl's stage times are measured on the driver around each worker call (Ray round trip and DataProto",
         "transfer included); the plain loop times the same work inline.",
