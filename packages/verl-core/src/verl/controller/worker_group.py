@@ -1,7 +1,7 @@
 """Worker groups: N ranks of one worker class (Ray actors, or one in-process worker) driven as one object.
 
     pool = ResourcePool("hybrid", nnodes=1, devices_per_node=2)
-    actor = ray_group(pool, ActorWorker, config, role="actor")
+    actor = make_worker_group("ray", pool, ActorWorker, config, role="actor")   # or ray_group(pool, ...)
     actor.call(ActorWorker.init_model)                   # ONE_TO_ALL: every rank runs it; a list of results
     out = actor.call(ActorWorker.compute_log_prob, batch)  # DP_COMPUTE: split by dp rank, results concatenated
 
@@ -18,6 +18,7 @@ of tensors it ships each way (`take_stats`), which the trainer reports per step.
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import traceback
 from collections import Counter
@@ -383,22 +384,11 @@ class LocalExecutor:
 # ---------------------------------------------------------------------------------------------
 
 
-def ray_group(
-    pool: ResourcePool,
-    worker_cls: type[Worker],
-    *args: Any,
-    role: str,
-    env: dict[str, str] | None = None,
-    resource_fraction: float = 1.0,
-    **kwargs: Any,
-) -> WorkerGroup:
-    """A group of Ray actors, one per device of `pool` (see RayExecutor)."""
-    check_worker_cls(worker_cls)
-    executor = RayExecutor(pool, worker_cls, args, kwargs, role=role, env=env, resource_fraction=resource_fraction)
-    return WorkerGroup(executor, worker_cls, role)
+EXECUTORS: dict[str, type] = {"ray": RayExecutor, "local": LocalExecutor}
 
 
-def local_group(
+def make_worker_group(
+    mode: str,
     pool: ResourcePool | None,
     worker_cls: type[Worker],
     *args: Any,
@@ -407,18 +397,15 @@ def local_group(
     resource_fraction: float = 1.0,
     **kwargs: Any,
 ) -> WorkerGroup:
-    """A group of one worker in this process (see LocalExecutor); `resource_fraction` is accepted and unused."""
+    """A group of `worker_cls(*args, **kwargs)` on `pool`: Ray actors (mode='ray') or one in-process worker
+    (mode='local'), as trainer.controller says. `resource_fraction` of each device (Ray only) lets groups share it."""
+    if mode not in EXECUTORS:
+        raise ValueError(f"unknown controller mode {mode!r}; choose one of {', '.join(EXECUTORS)} (trainer.controller)")
     check_worker_cls(worker_cls)
-    return WorkerGroup(LocalExecutor(pool, worker_cls, args, kwargs, role=role, env=env), worker_cls, role)
+    options = {"resource_fraction": resource_fraction} if mode == "ray" else {}
+    executor = EXECUTORS[mode](pool, worker_cls, args, kwargs, role=role, env=env, **options)
+    return WorkerGroup(executor, worker_cls, role)
 
 
-GROUPS: dict[str, Callable[..., WorkerGroup]] = {"ray": ray_group, "local": local_group}
-
-
-def make_worker_group(
-    mode: str, pool: ResourcePool | None, worker_cls: type[Worker], *args: Any, role: str, **kwargs: Any
-) -> WorkerGroup:
-    """A Ray group (mode='ray') or an in-process one (mode='local'), as trainer.controller says."""
-    if mode not in GROUPS:
-        raise ValueError(f"unknown controller mode {mode!r}; choose one of {', '.join(GROUPS)} (trainer.controller)")
-    return GROUPS[mode](pool, worker_cls, *args, role=role, **kwargs)
+ray_group = functools.partial(make_worker_group, "ray")
+local_group = functools.partial(make_worker_group, "local")
