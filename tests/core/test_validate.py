@@ -427,3 +427,16 @@ def test_megatron_refuses_offload_switches_it_would_ignore(key):
     assert problems and problems[0].severity == "error" and "fsdp" in problems[0].fix
     fsdp = make_cfg({"ref": {"enable": True}}, {section: {name: True}})
     assert not [p for p in validate(fsdp, installed=None) if p.key == key]
+
+
+@pytest.mark.parametrize("key", ["actor.use_kl_loss", "algorithm.use_kl_in_reward"])
+def test_a_kl_term_needs_the_reference(key):
+    section, name = key.split(".")
+    p = only(check({section: {name: True}, "ref": {"enable": False}}))
+    assert p.key == key and "ref.enable=false" in p.message
+
+
+def test_a_role_that_does_not_run_is_not_checked():
+    assert check({"critic": {"ppo_epochs": 0}}) == []  # grpo: no critic
+    p = only(check({"critic": {"ppo_epochs": 0}, "algorithm": {"adv_estimator": "gae"}}))
+    assert p.key == "critic.ppo_epochs" and "must be >= 1" in p.message

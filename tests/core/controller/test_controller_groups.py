@@ -355,6 +355,8 @@ def test_local_group_errors(local_env):
     assert isinstance(err.value.__cause__, ValueError)  # the live exception, for pdb.post_mortem
     with pytest.raises(WorkerError, match="KeyError: 'missing'"):
         group.call(EchoWorker.fail_everywhere)
+    with pytest.raises(AttributeError, match="runs EchoWorker, which does not define BrokenWorker.__init__"):
+        group.call(BrokenWorker.__init__)  # a method of another worker class: refused, not run by name
     with pytest.raises(TypeError, match=r"critic\.tag_rows is DP_COMPUTE: its first positional argument must be a Da"):
         group.call("tag_rows", [1, 2])
     with pytest.raises(WorkerError, match=r"(?s)role 'ref': method '__init__' failed on rank 0.*no model at /x"):

@@ -109,7 +109,8 @@ def save_extra(path: str, state: TrainState) -> None:
 def load_extra(path: str, state: TrainState) -> None:
     """Restore what save_extra wrote: the step count into `state`, the RNG streams of this process."""
     extra = torch.load(_extra_file(path), weights_only=False)
-    state.steps = extra["steps"]
+    # (FSDP checkpoints written before the step count was saved hold the LR scheduler's state instead.)
+    state.steps = extra["steps"] if "steps" in extra else (extra.get("scheduler") or {}).get("last_epoch", 0)
     set_rng_state(extra["rng"])
 
 

@@ -192,6 +192,19 @@ def check_kl_controller(ctx: Context) -> List[ConfigProblem]:
     return problems
 
 
+def check_kl_has_a_reference(ctx: Context) -> List[ConfigProblem]:
+    """A KL loss or KL reward penalty compares with the reference model's log-probs: the ref must run."""
+    if "ref" in ctx.draft.roles:
+        return []
+    return [
+        error_at(
+            key, f"{key}=true needs the reference model, but ref.enable=false", f"set ref.enable=true, or {key}=false"
+        )
+        for key in ("actor.use_kl_loss", "algorithm.use_kl_in_reward")
+        if value(ctx.cfg, key)
+    ]
+
+
 def check_full_kl(ctx: Context) -> List[ConfigProblem]:
     """The `full` KL estimator needs full-vocabulary log-probs; the trainer passes per-token ones."""
     problems = []

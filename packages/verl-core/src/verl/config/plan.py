@@ -185,8 +185,9 @@ class Plan:
 
     @property
     def train_dp(self) -> int:
-        """What a training batch's rows must be a multiple of: every train role splits it over its DP ranks."""
-        return math.lcm(*[self.layout(r).dp for r in ("actor", "ref", "critic") if self.has(r)])
+        """What a training batch's rows must be a multiple of: the actor's and the critic's calls split it over
+        their DP ranks (the reference runs on the actor's slice)."""
+        return math.lcm(*[self.layout(r).dp for r in ("actor", "critic") if self.has(r)])
 
     def with_total_steps(self, total_steps: int) -> "Plan":
         return dataclasses.replace(self, total_steps=total_steps)
@@ -328,7 +329,10 @@ def build_plan(cfg: Any, total_steps: Optional[int] = None) -> Plan:
 
     total_steps: the run's training steps when the caller knows them (trainer.total_steps, or the epochs
     over the data); the plan's optimizer-step counts need them."""
+    from verl.algos import load_plugins  # lazy: a plugin estimator decides whether a critic runs
+
     cfg = as_config(cfg)
+    load_plugins(list(value(cfg, "trainer.plugins") or []))
     draft = draft_plan(cfg)
     problems = [p for p in draft.problems if p.severity == "error"]
     if draft.batch is None:

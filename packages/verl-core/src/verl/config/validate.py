@@ -20,6 +20,7 @@ from verl.config.algorithm_checks import (
     check_full_kl,
     check_group_size,
     check_kl_controller,
+    check_kl_has_a_reference,
     check_policy_loss,
     check_registry_names,
     check_values_have_a_critic,
@@ -93,7 +94,15 @@ def _section_type(tp: Any) -> Optional[type]:
 
 
 def check_field_rules(ctx: Context) -> List[ConfigProblem]:
-    return _field_rules(VerlConfig, ctx.cfg, "")
+    """Every section's field rules; a ref or critic that does not run is not checked."""
+    skip = {r for r in ("ref", "critic") if r not in ctx.draft.roles}
+    hints = typing.get_type_hints(VerlConfig)
+    return [
+        p
+        for f in dataclasses.fields(VerlConfig)
+        if f.name not in skip
+        for p in _field_rules(hints[f.name], ctx.cfg[f.name], f"{f.name}.")
+    ]
 
 
 def check_missing(ctx: Context) -> List[ConfigProblem]:
@@ -462,6 +471,7 @@ CHECKS: Sequence[Check] = (
     check_policy_loss,
     check_kl_controller,
     check_full_kl,
+    check_kl_has_a_reference,
     check_dapo,
 )
 

@@ -131,10 +131,12 @@ class WorkerGroup:
         stats, self.stats = self.stats, CallStats()
         return stats
 
-    def refresh_dispatch_info(self) -> list[dict]:
+    def refresh_dispatch_info(self, *meshes: str) -> list[dict]:
         """Forget every mesh's cached layout (the group reads each mesh once, at its first DP_COMPUTE call, and
-        again after this); returns the ranks' "train" layout, re-read now."""
+        again after this); reads the "train" layout and `meshes` now, and returns the ranks' "train" layout."""
         self._infos = {}
+        for mesh in meshes:
+            self._dispatch_infos(mesh)
         return [vars(info).copy() for info in self._dispatch_infos("train")]
 
     def shutdown(self) -> None:
@@ -149,6 +151,11 @@ class WorkerGroup:
 
     def _registered(self, method: Callable | str) -> str:
         name = method if isinstance(method, str) else getattr(method, "__name__", repr(method))
+        if not isinstance(method, str) and not any(k.__dict__.get(name) is method for k in self.worker_cls.__mro__):
+            raise AttributeError(
+                f"worker group '{self.role}' runs {self.worker_cls.__name__}, which does not define "
+                f"{getattr(method, '__qualname__', name)}: call one of {self.worker_cls.__name__}'s own methods"
+            )
         if name in self.methods:
             return name
         cls = self.worker_cls

@@ -19,11 +19,12 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from verl.algos import apply_kl_penalty, compute_advantages, estimator_requires, make_kl_controller
+from verl.algos import apply_kl_penalty, compute_advantages, estimator_requires, load_plugins, make_kl_controller
 from verl.algos.metrics import data_metrics, rollout_mismatch_metrics
 from verl.config.errors import ConfigError
 from verl.config.loader import load_config
 from verl.config.plan import Plan
+from verl.config.schema import VerlConfig
 from verl.config.validate import errors, validate_and_plan
 from verl.controller import init_ray, shutdown_ray
 from verl.data.build import make_rl_dataloaders
@@ -59,6 +60,10 @@ def tokens_in(batch: DataProto) -> int:
 def resolve_config(config: Any, overrides: Sequence[str] = ()) -> Tuple[DictConfig, Plan]:
     """A config (a loaded DictConfig, a recipe path, or a plain dict of sections) checked as `verl train` checks
     it: ConfigError listing every problem at once; warnings are logged. Returns the config and its plan."""
+    if isinstance(config, VerlConfig):
+        config = OmegaConf.structured(config)
+    if isinstance(config, DictConfig) and OmegaConf.get_type(config) is not VerlConfig:
+        config = OmegaConf.to_container(config)  # an untyped DictConfig: checked like a dict
     if isinstance(config, (str, os.PathLike, Mapping)) and not isinstance(config, DictConfig):
         config = load_config(config, overrides)
     elif overrides:
@@ -94,6 +99,7 @@ class PPOTrainer:
         if plan is None:
             config, plan = resolve_config(config, overrides)
         self.cfg = cfg = config
+        load_plugins(cfg.trainer.plugins)  # (again, when the caller made the plan: user registrations first)
         self.started_ray = False
         if cfg.trainer.controller == "ray":
             # A local cluster gets at least one CPU per placed device (a CPU run places worker processes).

@@ -79,8 +79,10 @@ def start_workers(cfg: Any, plan: Plan, *, model_path: str, tokenizer_path: Opti
             resource_fraction=fraction,
         )
     actor_rollout.call(ActorRolloutRefWorker.init_model)
+    actor_rollout.refresh_dispatch_info("rollout")  # the layouts, read now rather than in the first step
     if critic is not None:
         critic.call(CriticWorker.init_model)
+        critic.refresh_dispatch_info()
     workers = Workers(actor_rollout, critic, list(pools.values()))
     workers.take_stats()  # a step's figures count that step's calls only
     return workers

@@ -10,11 +10,11 @@ PROMPTS = ("input_ids", "attention_mask", "position_ids")
 
 
 def actor_update_columns(cfg: Any) -> Tuple[str, ...]:
-    """What the actor's loss reads: the policy-gradient inputs, plus the reference's log-probs for a KL loss and
-    the rollout's log-probs for truncated importance sampling."""
+    """What the actor's loss reads: the policy-gradient inputs with the rollout's log-probs (every policy loss
+    receives them: truncated importance sampling, or a plugin's own correction), plus the reference's
+    log-probs for a KL loss."""
     extra = ("ref_log_probs",) if cfg.actor.use_kl_loss else ()
-    extra += ("rollout_log_probs",) if cfg.actor.tis_imp_ratio_cap is not None else ()
-    return MODEL_INPUTS + ("response_mask", "old_log_probs", "advantages") + extra
+    return MODEL_INPUTS + ("response_mask", "old_log_probs", "advantages", "rollout_log_probs") + extra
 
 
 CRITIC_UPDATE = MODEL_INPUTS + ("response_mask", "values", "returns")
