@@ -36,6 +36,7 @@ def test_grpo_on_two_nodes(two_nodes, tmp_path, embedded_cache, monkeypatch):  #
         "placement.nnodes=2",
         "placement.devices_per_node=1",
         "rollout.n=2",
+        "actor.ppo_micro_batch_size_per_device=2",  # a mini-batch of 2 prompts x n=2 over DP 2: 2 rows a rank
         steps=1,
     )
     trainer = PPOTrainer(cfg)
