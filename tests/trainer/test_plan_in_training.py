@@ -128,10 +128,13 @@ def test_tokenizer_path_is_where_the_tokenizer_comes_from(tmp_path, tiny_llama):
         "trainer.controller=local",
         f"model.path={weights_only}",
         f"model.tokenizer_path={tokenizer}",
+        "checkpoint.save_hf=true",
         steps=1,
     )
     summary, rows = _fit(verl.PPOTrainer(cfg, reward_fn=odd_length_reward))
     assert summary["steps"] == 1 and "actor/pg_loss" in rows[-1]
+    exported = {f.name for f in (tmp_path / "run" / "hf").glob("tokenizer*")}  # the export carries the tokenizer
+    assert exported and exported == {f.name for f in tokenizer.glob("tokenizer*")}
 
 
 def test_validation_samples_at_val_temperature(tmp_path):

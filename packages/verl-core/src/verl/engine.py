@@ -33,6 +33,7 @@ class EngineConfig:
     """What a worker asks of a train engine, gathered from the role's config section."""
 
     model_path: str  # a Hugging Face folder
+    tokenizer_path: Optional[str] = None  # where the tokenizer files come from for exports; None: model_path
     kind: str = "causal_lm"  # causal_lm (actor, reference) | value (critic: a scalar head per token)
     optim: Optional[Any] = None  # verl.config.schema.OptimConfig; None: inference only (the reference)
     total_steps: int = 1  # optimizer steps the LR schedule spans

@@ -203,6 +203,6 @@ class FSDPEngine:
         def write() -> None:
             os.makedirs(path, exist_ok=True)
             self.model.save_pretrained(path, state_dict=full, safe_serialization=True)
-            copy_tokenizer_files(self.cfg.model_path, path)
+            copy_tokenizer_files(self.cfg.tokenizer_path or self.cfg.model_path, path)
 
         parts.export_then_barrier(write)

@@ -400,7 +400,7 @@ class MegatronEngine:
         hf_dir = os.path.join(path, "hf_config")
         os.makedirs(hf_dir, exist_ok=True)
         self.hf_config.save_pretrained(hf_dir)
-        copy_tokenizer_files(self.cfg.model_path, hf_dir)
+        copy_tokenizer_files(self.cfg.tokenizer_path or self.cfg.model_path, hf_dir)
         with open(os.path.join(path, CHECKPOINT_META), "w") as f:
             dtype = str(self.dtype).removeprefix("torch.")
             json.dump({"backend": "megatron", "kind": self.cfg.kind, "dtype": dtype, "format": "megatron-dist"}, f)
@@ -434,7 +434,7 @@ class MegatronEngine:
         stream = self.weights()
 
         def write() -> None:
-            write_hf_folder(stream, path, self.hf_config, kind=self.cfg.kind, tokenizer_from=self.cfg.model_path)
+            write_hf_folder(stream, path, self.hf_config, kind=self.cfg.kind, tokenizer_from=self.cfg.tokenizer_path or self.cfg.model_path)
 
         def take_part() -> None:
             for _ in stream:  # every rank takes part in the gathers

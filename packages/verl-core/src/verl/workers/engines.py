@@ -13,6 +13,7 @@ def train_engine(cfg: Any, role: RolePlan, *, model_path: str, total_steps: int,
     section = cfg[role.name]
     engine_cfg = EngineConfig(
         model_path=model_path,
+        tokenizer_path=cfg.model.tokenizer_path,  # exports carry the run's tokenizer
         kind="value" if role.name == "critic" else "causal_lm",
         optim=section.optim if optimize else None,
         total_steps=total_steps,
