@@ -17,6 +17,7 @@ import sys
 from typing import Any, List, Optional, Sequence, TextIO, Tuple
 
 from verl.backends import KNOWN_BACKENDS, installed_backends
+from verl.cli.render import format_plan
 from verl.config.errors import ConfigError, ConfigProblem
 from verl.config.loader import read_config, to_yaml
 from verl.config.validate import errors, validate_and_plan
@@ -92,8 +93,6 @@ def _check(recipe: str, overrides: Sequence[str], strict: bool, show_config: boo
     except ConfigError as e:  # an interpolation that does not resolve
         _print_problems(problems + e.problems, sys.stderr)
         return cfg, None, EXIT_BAD_CONFIG
-    from verl.cli.render import format_plan
-
     print("# plan")
     print(format_plan(plan) if plan is not None else "(no plan: the config has errors, listed below)")
     if show_config and plan is not None:

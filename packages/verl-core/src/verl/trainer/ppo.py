@@ -97,9 +97,10 @@ class PPOTrainer:
         plan: Optional[Plan] = None,
     ):
         if plan is None:
-            config, plan = resolve_config(config, overrides)
+            config, plan = resolve_config(config, overrides)  # (validation imports trainer.plugins)
+        else:
+            load_plugins(config.trainer.plugins)  # user registrations before any name is looked up
         self.cfg = cfg = config
-        load_plugins(cfg.trainer.plugins)  # (again, when the caller made the plan: user registrations first)
         self.started_ray = False
         if cfg.trainer.controller == "ray":
             # A local cluster gets at least one CPU per placed device (a CPU run places worker processes).
@@ -114,9 +115,8 @@ class PPOTrainer:
         self.train_loader, self.val_loader = make_rl_dataloaders(cfg.data, self.tokenizer, seed=cfg.trainer.seed)
         total_steps = cfg.trainer.total_steps or len(self.train_loader) * cfg.trainer.total_epochs
         self.plan = plan = plan.with_total_steps(total_steps)
-        self.total_steps = total_steps
         self.reward = make_reward_manager(cfg.reward, self.tokenizer, reward_fn=reward_fn)
-        self.use_ref, self.use_critic = plan.has("ref"), plan.has("critic")
+        self.use_critic = plan.has("critic")
         self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl) if cfg.algorithm.use_kl_in_reward else None
         ckpt_dir = cfg.checkpoint.dir or os.path.join(self.output_dir, "checkpoints")
         self.checkpoints = CheckpointManager(ckpt_dir, keep_last=cfg.checkpoint.keep_last)
@@ -342,15 +342,16 @@ class PPOTrainer:
         run_start, tokens, step_seconds = time.perf_counter(), 0.0, 0.0
         if t.val_before_train and self.step == 0:
             self.tracker.log(self.validate(), step=0)
-        progress = Progress(self.total_steps)
+        total = self.plan.total_steps
+        progress = Progress(total)
         try:
-            while self.step < self.total_steps:
+            while self.step < total:
                 prompts = self.train_loader.next_batch()
                 metrics = self.train_step(prompts)
                 self.step += 1
                 tokens += metrics["perf/tokens_per_s"] * metrics["timing/step_s"]
                 step_seconds += metrics["timing/step_s"]
-                last = self.step == self.total_steps
+                last = self.step == total
                 if t.val_every and (self.step % t.val_every == 0 or last):
                     metrics.update(self.validate())
                 if self.step % t.log_every == 0 or last:

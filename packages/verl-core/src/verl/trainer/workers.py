@@ -83,6 +83,4 @@ def start_workers(cfg: Any, plan: Plan, *, model_path: str, tokenizer_path: Opti
     if critic is not None:
         critic.call(CriticWorker.init_model)
         critic.refresh_dispatch_info()
-    workers = Workers(actor_rollout, critic, list(pools.values()))
-    workers.take_stats()  # a step's figures count that step's calls only
-    return workers
+    return Workers(actor_rollout, critic, list(pools.values()))
