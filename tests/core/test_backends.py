@@ -62,3 +62,14 @@ def test_missing_third_party_library_is_an_error_to_run_and_a_warning_to_plan():
 
 def test_available_backend_has_no_problems():
     assert check_backend("rollout.backend", "hf", "rollout", installed={"hf": HF}) == []
+
+
+def test_a_bare_folder_named_like_the_library_does_not_count_as_installed(tmp_path, monkeypatch):
+    # A folder without __init__.py imports as a namespace package; it is not the library (a checkout's
+    # tests/rollout/vllm/ on sys.path once made vLLM look installed).
+    (tmp_path / "no_such_engine_xyz").mkdir()
+    (tmp_path / "real_engine_xyz").mkdir()
+    (tmp_path / "real_engine_xyz" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = BackendSpec("vllm", "rollout", "verl-rollout", requires=("no_such_engine_xyz", "real_engine_xyz"))
+    assert spec.missing_requirements() == ["no_such_engine_xyz"]

@@ -69,9 +69,12 @@ KNOWN_BACKENDS: Mapping[str, Tuple[BackendKind, str]] = {
 
 def _module_available(name: str) -> bool:
     try:
-        return importlib.util.find_spec(name) is not None
+        spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):  # a parent package missing raises instead of returning None
         return False
+    # A folder of that name without an __init__.py (a namespace package, no origin) is not the library:
+    # e.g. a checkout's tests/rollout/vllm/ on sys.path must not count as vLLM.
+    return spec is not None and spec.origin is not None
 
 
 @lru_cache(maxsize=1)
