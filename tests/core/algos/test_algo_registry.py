@@ -87,7 +87,7 @@ def test_target_spec_without_kwargs_is_the_function_itself():
     fn = ADV_ESTIMATORS.get({"_target_": "verl.algos.advantages.gae"})
     assert fn is ADV_ESTIMATORS.get("gae")
     # with kwargs it is a functools.partial; the metadata is still found through it
-    assert ADV_ESTIMATORS.attr({"_target_": "verl.algos.advantages.rloo", "values": None}, "requires") == ("index",)
+    assert ADV_ESTIMATORS.attr({"_target_": "verl.algos.advantages.rloo", "index": None}, "requires") == ("index",)
 
 
 def test_bad_target_names_the_key():

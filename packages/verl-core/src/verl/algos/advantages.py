@@ -1,11 +1,8 @@
 """Advantage estimators: per-token advantages and returns from rewards, masks and (for some) values or groups.
 
-Every estimator has the signature
-
-    fn(token_level_rewards [B, T], response_mask [B, T], *, index=None, values=None, reward_baselines=None,
-       config=None) -> (advantages [B, T], returns [B, T])
-
-and declares the optional inputs it needs with `register(..., requires=(...))`; `compute_advantages` checks
+An estimator is fn(token_level_rewards [B, T], response_mask [B, T], *, ...) -> (advantages [B, T],
+returns [B, T]), taking by keyword whichever of index, values, reward_baselines and config it uses. It
+declares the optional inputs it needs with `register(..., requires=(...))`; `compute_advantages` checks
 them before calling, and `estimator_needs_values` tells the trainer whether a critic must run.
 
 Conventions (shared by every built-in estimator):
@@ -47,8 +44,9 @@ INPUTS = {
 
 
 class _GroupStats(NamedTuple):
-    """Per-sample statistics of the sample's group (each a tensor [B])."""
+    """Each sample's outcome score and statistics of its group (each a tensor [B])."""
 
+    score: Tensor  # the sample's token rewards summed
     gid: Tensor  # dense group number
     n_groups: int
     count: Tensor  # samples in the group
@@ -57,7 +55,8 @@ class _GroupStats(NamedTuple):
     flat: Tensor  # bool: every score in the group is equal (true for a group of one)
 
 
-def _group_stats(scores: Tensor, index: Any) -> _GroupStats:
+def _group_stats(token_level_rewards: Tensor, index: Any) -> _GroupStats:
+    scores = token_level_rewards.to(acc_dtype(token_level_rewards)).sum(dim=-1)
     gid, n = group_ids(index, scores.shape[0])
     gid = gid.to(scores.device)
     count = scores.new_zeros(n).index_add_(0, gid, torch.ones_like(scores))
@@ -67,26 +66,21 @@ def _group_stats(scores: Tensor, index: Any) -> _GroupStats:
     # Exact equality, not std == 0: a mean that rounds leaves a tiny std that 1e-6 would blow up.
     hi = scores.new_full((n,), float("-inf")).scatter_reduce_(0, gid, scores, "amax")
     lo = scores.new_full((n,), float("inf")).scatter_reduce_(0, gid, scores, "amin")
-    return _GroupStats(gid, n, count[gid], mean[gid], std[gid], (hi == lo)[gid])
+    return _GroupStats(scores, gid, n, count[gid], mean[gid], std[gid], (hi == lo)[gid])
 
 
-def _outcome_scores(token_level_rewards: Tensor) -> Tensor:
-    return token_level_rewards.to(acc_dtype(token_level_rewards)).sum(dim=-1)
-
-
-def _per_token(per_seq: Tensor, response_mask: Tensor) -> Tensor:
-    """A per-sequence value spread over the sequence's response tokens, 0 elsewhere."""
-    return _zero_outside(per_seq.unsqueeze(-1).expand(-1, response_mask.shape[-1]), response_mask)
+def _group_advantages(adv: Tensor, g: _GroupStats, response_mask: Tensor) -> Tensor:
+    """Per-sample advantages spread over their response tokens; 0 for a group whose scores are all equal."""
+    adv = torch.where(g.flat, torch.zeros_like(adv), adv)
+    return _zero_outside(adv.unsqueeze(-1).expand(-1, response_mask.shape[-1]), response_mask)
 
 
 def _zero_outside(x: Tensor, response_mask: Tensor) -> Tensor:
     return torch.where(response_mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
-def _required(value: Any, name: str, estimator: str) -> Any:
-    if value is None:
-        raise ValueError(f"advantage estimator '{estimator}' needs {INPUTS[name]}; got None")
-    return value
+def _whiten(x: Tensor, response_mask: Tensor) -> Tensor:
+    return _zero_outside(masked_whiten(x, response_mask), response_mask)
 
 
 # --------------------------------------------------------------------------- estimators
@@ -95,13 +89,7 @@ def _required(value: Any, name: str, estimator: str) -> Any:
 @ADV_ESTIMATORS.register("gae", requires=("values",))
 @torch.no_grad()
 def gae(
-    token_level_rewards: Tensor,
-    response_mask: Tensor,
-    *,
-    index: Any = None,
-    values: Tensor | None = None,
-    reward_baselines: Tensor | None = None,
-    config: Any = None,
+    token_level_rewards: Tensor, response_mask: Tensor, *, values: Tensor, config: Any = None
 ) -> tuple[Tensor, Tensor]:
     """Generalized Advantage Estimation: A_t = sum_l (gamma*lam)^l delta_{t+l}, delta_t = r_t + gamma V_{t+1} - V_t.
 
@@ -109,7 +97,6 @@ def gae(
     recursion carries over them. Returns are the raw advantages plus values; advantages are then whitened
     over the mask (as in verl).
     """
-    values = _required(values, "values", "gae")
     gamma, lam = config_value(config, "gamma", 1.0), config_value(config, "lam", 1.0)
     dtype = acc_dtype(token_level_rewards, values)
     rewards, values, keep = token_level_rewards.to(dtype), values.to(dtype), response_mask.bool()
@@ -124,166 +111,97 @@ def gae(
         last_gae = torch.where(keep[:, t], candidate, last_gae)
         advantages[:, t] = last_gae
     returns = _zero_outside(advantages + values, response_mask)
-    advantages = _zero_outside(masked_whiten(advantages, response_mask), response_mask)
+    advantages = _whiten(advantages, response_mask)
     return advantages, returns
 
 
 def _grpo(token_level_rewards: Tensor, response_mask: Tensor, index: Any, norm_by_std: bool) -> tuple[Tensor, Tensor]:
-    scores = _outcome_scores(token_level_rewards)
-    g = _group_stats(scores, index)
-    adv = scores - g.mean
+    g = _group_stats(token_level_rewards, index)
+    adv = g.score - g.mean
     if norm_by_std:
         adv = adv / (g.std + EPSILON)
-    adv = torch.where(g.flat, torch.zeros_like(adv), adv)
-    adv = _per_token(adv, response_mask)
+    adv = _group_advantages(adv, g, response_mask)
     return adv, adv
 
 
 @ADV_ESTIMATORS.register("grpo", requires=("index",))
 @torch.no_grad()
 def grpo(
-    token_level_rewards: Tensor,
-    response_mask: Tensor,
-    *,
-    index: Any = None,
-    values: Tensor | None = None,
-    reward_baselines: Tensor | None = None,
-    config: Any = None,
+    token_level_rewards: Tensor, response_mask: Tensor, *, index: Any, config: Any = None
 ) -> tuple[Tensor, Tensor]:
     """GRPO: A_i = (r_i - mean_group) / (std_group + 1e-6); without the std (norm_adv_by_std_in_grpo=False): Dr.GRPO."""
-    index = _required(index, "index", "grpo")
     return _grpo(token_level_rewards, response_mask, index, config_value(config, "norm_adv_by_std_in_grpo", True))
 
 
 @ADV_ESTIMATORS.register("drgrpo", requires=("index",))
 @torch.no_grad()
-def drgrpo(
-    token_level_rewards: Tensor,
-    response_mask: Tensor,
-    *,
-    index: Any = None,
-    values: Tensor | None = None,
-    reward_baselines: Tensor | None = None,
-    config: Any = None,
-) -> tuple[Tensor, Tensor]:
+def drgrpo(token_level_rewards: Tensor, response_mask: Tensor, *, index: Any) -> tuple[Tensor, Tensor]:
     """Dr.GRPO: A_i = r_i - mean_group, whatever norm_adv_by_std_in_grpo says."""
-    index = _required(index, "index", "drgrpo")
     return _grpo(token_level_rewards, response_mask, index, norm_by_std=False)
 
 
 @ADV_ESTIMATORS.register("rloo", requires=("index",))
 @torch.no_grad()
-def rloo(
-    token_level_rewards: Tensor,
-    response_mask: Tensor,
-    *,
-    index: Any = None,
-    values: Tensor | None = None,
-    reward_baselines: Tensor | None = None,
-    config: Any = None,
-) -> tuple[Tensor, Tensor]:
+def rloo(token_level_rewards: Tensor, response_mask: Tensor, *, index: Any) -> tuple[Tensor, Tensor]:
     """RLOO: A_i = r_i - mean of the other samples of the group = n/(n-1) (r_i - mean_group)."""
-    index = _required(index, "index", "rloo")
-    scores = _outcome_scores(token_level_rewards)
-    g = _group_stats(scores, index)
-    adv = (scores - g.mean) * g.count / (g.count - 1).clamp_min(1)
-    adv = _per_token(torch.where(g.flat, torch.zeros_like(adv), adv), response_mask)
+    g = _group_stats(token_level_rewards, index)
+    adv = _group_advantages((g.score - g.mean) * g.count / (g.count - 1).clamp_min(1), g, response_mask)
     return adv, adv
 
 
 @ADV_ESTIMATORS.register("opo", requires=("index",))
 @torch.no_grad()
-def opo(
-    token_level_rewards: Tensor,
-    response_mask: Tensor,
-    *,
-    index: Any = None,
-    values: Tensor | None = None,
-    reward_baselines: Tensor | None = None,
-    config: Any = None,
-) -> tuple[Tensor, Tensor]:
+def opo(token_level_rewards: Tensor, response_mask: Tensor, *, index: Any) -> tuple[Tensor, Tensor]:
     """OPO: A_i = r_i - b, with the length-weighted optimal baseline b = sum_j |o_j| r_j / sum_j |o_j| of the group.
 
     A group whose responses are all empty (total length 0) falls back to the plain mean (its advantages are
     masked to 0 anyway).
     """
-    index = _required(index, "index", "opo")
-    scores = _outcome_scores(token_level_rewards)
-    g = _group_stats(scores, index)
-    lengths = response_mask.to(scores.dtype).sum(dim=-1)
-    weighted = scores.new_zeros(g.n_groups).index_add_(0, g.gid, lengths * scores)[g.gid]
-    total_length = scores.new_zeros(g.n_groups).index_add_(0, g.gid, lengths)[g.gid]
+    g = _group_stats(token_level_rewards, index)
+    lengths = response_mask.to(g.score.dtype).sum(dim=-1)
+    weighted = g.score.new_zeros(g.n_groups).index_add_(0, g.gid, lengths * g.score)[g.gid]
+    total_length = g.score.new_zeros(g.n_groups).index_add_(0, g.gid, lengths)[g.gid]
     baseline = torch.where(total_length > 0, weighted / total_length.clamp_min(1e-30), g.mean)
-    adv = scores - baseline
-    adv = _per_token(torch.where(g.flat, torch.zeros_like(adv), adv), response_mask)
+    adv = _group_advantages(g.score - baseline, g, response_mask)
     return adv, adv
 
 
-def _discounted_returns(rewards: Tensor, response_mask: Tensor, gamma: float) -> Tensor:
-    """G_t = r_t + gamma G_{t+1}, restarting after every masked-out token (the end of a response)."""
-    keep = response_mask.bool()
+@ADV_ESTIMATORS.register("reinforce_plus_plus")
+@torch.no_grad()
+def reinforce_plus_plus(
+    token_level_rewards: Tensor, response_mask: Tensor, *, config: Any = None
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE++: discounted returns G_t (gamma from config), whitened over every response token of the batch.
+
+    G_t = r_t + gamma G_{t+1}, restarting after every masked-out token (the end of a response).
+    """
+    rewards, keep = token_level_rewards.to(acc_dtype(token_level_rewards)), response_mask.bool()
+    gamma = config_value(config, "gamma", 1.0)
     returns = torch.zeros_like(rewards)
     running = rewards.new_zeros(rewards.shape[0])
     for t in reversed(range(rewards.shape[1])):
         running = rewards[:, t] + gamma * running
         returns[:, t] = running
         running = torch.where(keep[:, t], running, torch.zeros_like(running))
-    return returns
-
-
-@ADV_ESTIMATORS.register("reinforce_plus_plus")
-@torch.no_grad()
-def reinforce_plus_plus(
-    token_level_rewards: Tensor,
-    response_mask: Tensor,
-    *,
-    index: Any = None,
-    values: Tensor | None = None,
-    reward_baselines: Tensor | None = None,
-    config: Any = None,
-) -> tuple[Tensor, Tensor]:
-    """REINFORCE++: discounted returns G_t (gamma from config), whitened over every response token of the batch."""
-    rewards = token_level_rewards.to(acc_dtype(token_level_rewards))
-    returns = _zero_outside(
-        _discounted_returns(rewards, response_mask, config_value(config, "gamma", 1.0)), response_mask
-    )
-    advantages = _zero_outside(masked_whiten(returns, response_mask), response_mask)
-    return advantages, returns
+    returns = _zero_outside(returns, response_mask)
+    return _whiten(returns, response_mask), returns
 
 
 @ADV_ESTIMATORS.register("reinforce_plus_plus_baseline", requires=("index",))
 @torch.no_grad()
 def reinforce_plus_plus_baseline(
-    token_level_rewards: Tensor,
-    response_mask: Tensor,
-    *,
-    index: Any = None,
-    values: Tensor | None = None,
-    reward_baselines: Tensor | None = None,
-    config: Any = None,
+    token_level_rewards: Tensor, response_mask: Tensor, *, index: Any
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++-baseline: r_i - mean_group on every token, then whitened over every response token of the batch."""
-    index = _required(index, "index", "reinforce_plus_plus_baseline")
-    scores = _outcome_scores(token_level_rewards)
-    g = _group_stats(scores, index)
-    adv = _per_token(torch.where(g.flat, torch.zeros_like(scores), scores - g.mean), response_mask)
-    adv = _zero_outside(masked_whiten(adv, response_mask), response_mask)
+    g = _group_stats(token_level_rewards, index)
+    adv = _whiten(_group_advantages(g.score - g.mean, g, response_mask), response_mask)
     return adv, adv
 
 
 @ADV_ESTIMATORS.register("remax", requires=("reward_baselines",))
 @torch.no_grad()
-def remax(
-    token_level_rewards: Tensor,
-    response_mask: Tensor,
-    *,
-    index: Any = None,
-    values: Tensor | None = None,
-    reward_baselines: Tensor | None = None,
-    config: Any = None,
-) -> tuple[Tensor, Tensor]:
+def remax(token_level_rewards: Tensor, response_mask: Tensor, *, reward_baselines: Tensor) -> tuple[Tensor, Tensor]:
     """ReMax: A_t = G_t - b with G_t the undiscounted reward-to-go and b the greedy response's reward (trainer-supplied)."""
-    reward_baselines = _required(reward_baselines, "reward_baselines", "remax")
     dtype = acc_dtype(token_level_rewards, reward_baselines)
     rewards = _zero_outside(token_level_rewards.to(dtype), response_mask)
     returns = rewards.flip(-1).cumsum(dim=-1).flip(-1)
@@ -294,18 +212,15 @@ def remax(
 # --------------------------------------------------------------------------- entry points
 
 
-def _requires(fn: Any) -> tuple[str, ...]:
-    return tuple(ADV_ESTIMATORS.attr(fn, "requires", ()))  # looks through a _target_ spec's functools.partial
+def estimator_requires(name_or_spec: Any) -> tuple[str, ...]:
+    """The optional inputs (index, values, reward_baselines) the estimator needs."""
+    # Registry.attr looks through the functools.partial a _target_ spec with kwargs gives.
+    return tuple(ADV_ESTIMATORS.attr(name_or_spec, "requires", (), key="algorithm.adv_estimator"))
 
 
 def estimator_needs_values(name_or_spec: Any) -> bool:
     """Whether the estimator needs a critic's values (the trainer runs a critic exactly when this is true)."""
-    return "values" in _requires(ADV_ESTIMATORS.get(name_or_spec, key="algorithm.adv_estimator"))
-
-
-def estimator_requires(name_or_spec: Any) -> tuple[str, ...]:
-    """The optional inputs (index, values, reward_baselines) the estimator needs."""
-    return _requires(ADV_ESTIMATORS.get(name_or_spec, key="algorithm.adv_estimator"))
+    return "values" in estimator_requires(name_or_spec)
 
 
 def compute_advantages(
@@ -327,12 +242,13 @@ def compute_advantages(
     label = name_or_spec if isinstance(name_or_spec, str) else getattr(fn, "__name__", repr(fn))
     _check_inputs(token_level_rewards, response_mask, values, reward_baselines)
     inputs = {"index": index, "values": values, "reward_baselines": reward_baselines}
-    for name in _requires(fn):
+    for name in estimator_requires(fn):
         if name not in INPUTS:
             raise ValueError(
                 f"advantage estimator '{label}' requires unknown input '{name}'; known: {', '.join(INPUTS)}"
             )
-        _required(inputs[name], name, label)
+        if inputs[name] is None:
+            raise ValueError(f"advantage estimator '{label}' needs {INPUTS[name]}; got None")
     result = fn(token_level_rewards, response_mask, **accepted_kwargs(fn, {**inputs, "config": config}))
     if not (
         isinstance(result, tuple)

@@ -31,28 +31,19 @@ def load_plugins(modules: Sequence[str], *, key: str = "trainer.plugins") -> lis
                 )
             )
             continue
+        module = name.strip()
         try:
-            loaded.append(importlib.import_module(name.strip()))
-        except ModuleNotFoundError as e:
-            if e.name is not None and (name.strip() == e.name or name.strip().startswith(e.name + ".")):
-                message, fix = (
-                    f"plugin module '{name}' not found ({e})",
-                    "check the spelling; the module must be importable: installed, or on PYTHONPATH",
-                )
-            else:  # the module exists but imports something missing
-                message, fix = (
-                    f"plugin module '{name}' failed to import: {type(e).__name__}: {e}",
-                    f"install '{e.name}' or fix the import in the plugin",
-                )
-            problems.append(ConfigProblem(item_key, message, fix))
+            loaded.append(importlib.import_module(module))
         except Exception as e:  # noqa: BLE001 - anything the module raises (a duplicate registration, a typo)
-            problems.append(
-                ConfigProblem(
-                    item_key,
-                    f"plugin module '{name}' failed to import: {type(e).__name__}: {e}",
-                    "fix the error in the plugin module",
-                )
-            )
+            message = f"plugin module '{name}' failed to import: {type(e).__name__}: {e}"
+            fix = "fix the error in the plugin module"
+            if isinstance(e, ModuleNotFoundError):
+                if e.name is not None and (module == e.name or module.startswith(e.name + ".")):
+                    message = f"plugin module '{name}' not found ({e})"
+                    fix = "check the spelling; the module must be importable: installed, or on PYTHONPATH"
+                else:  # the module exists but imports something missing
+                    fix = f"install '{e.name}' or fix the import in the plugin"
+            problems.append(ConfigProblem(item_key, message, fix))
     if problems:
         raise ConfigError(problems)
     return loaded

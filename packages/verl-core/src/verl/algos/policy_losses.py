@@ -61,6 +61,15 @@ def truncated_is_weights(old_log_prob: Tensor, rollout_log_probs: Tensor, cap: f
     return log_w.exp().clamp(max=cap).detach()
 
 
+def _clipped_surrogate(adv: Tensor, ratio: Tensor, config: Any, response_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """PPO's max(-A r, -A clip(r, 1-low, 1+high)) per token, and pg_clipfrac: the share where the clipped term wins."""
+    low, high = clip_range(config)
+    loss_unclipped = -adv * ratio
+    loss_clipped = -adv * ratio.clamp(1 - low, 1 + high)
+    clipfrac = masked_mean((loss_clipped > loss_unclipped).to(ratio.dtype), response_mask)
+    return torch.maximum(loss_unclipped, loss_clipped), clipfrac
+
+
 def _finish(
     pg_losses: Tensor,
     response_mask: Tensor,
@@ -102,19 +111,14 @@ def ppo_clip(
     c = float(config_value(config, "clip_ratio_c", 3.0))
     if c <= 1.0:
         raise ValueError(f"actor.clip_ratio_c (the dual-clip bound) must be > 1, got {c}")
-    low, high = clip_range(config)
     lp, old, adv = zero_padding(response_mask, log_prob, old_log_prob, advantages)
-    dtype = lp.dtype
     log_ratio = (lp - old).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    ratio = log_ratio.exp()
-    loss_unclipped = -adv * ratio
-    loss_clipped = -adv * ratio.clamp(1 - low, 1 + high)
-    clip_loss = torch.maximum(loss_unclipped, loss_clipped)
+    clip_loss, clipfrac = _clipped_surrogate(adv, log_ratio.exp(), config, response_mask)
     loss_dual = -adv * c
     pg_losses = torch.where(adv < 0, torch.minimum(clip_loss, loss_dual), clip_loss)
     metrics = {
-        "pg_clipfrac": masked_mean((loss_clipped > loss_unclipped).to(dtype), response_mask),
-        "pg_clipfrac_lower": masked_mean(((clip_loss > loss_dual) & (adv < 0)).to(dtype), response_mask),
+        "pg_clipfrac": clipfrac,
+        "pg_clipfrac_lower": masked_mean(((clip_loss > loss_dual) & (adv < 0)).to(lp.dtype), response_mask),
         "ppo_kl": masked_mean(-log_ratio, response_mask),
     }
     return _finish(pg_losses, response_mask, loss_agg_mode, config, old_log_prob, rollout_log_probs, metrics)
@@ -138,20 +142,15 @@ def gspo(
     mean_i max(-A_i s_i, -A_i clip(s_i)). verl forces that mode inside the loss; we use the configured one
     (config validation warns when it is not seq-mean-token-mean) so that no setting is silently ignored.
     """
-    low, high = clip_range(config)
     lp, old, adv = zero_padding(response_mask, log_prob, old_log_prob, advantages)
-    dtype = lp.dtype
     token_log_ratio = lp - old  # 0 on padding
-    lengths = response_mask.to(dtype).sum(dim=-1).clamp_min(1)
+    lengths = response_mask.to(lp.dtype).sum(dim=-1).clamp_min(1)
     seq_log_ratio = token_log_ratio.sum(dim=-1) / lengths
     log_s = (lp - lp.detach() + seq_log_ratio.detach().unsqueeze(-1)).clamp(max=10.0)  # as verl, for stability
-    s = log_s.exp()
-    loss_unclipped = -adv * s
-    loss_clipped = -adv * s.clamp(1 - low, 1 + high)
-    pg_losses = torch.maximum(loss_unclipped, loss_clipped)
+    pg_losses, clipfrac = _clipped_surrogate(adv, log_s.exp(), config, response_mask)
     metrics = {
-        "pg_clipfrac": masked_mean((loss_clipped > loss_unclipped).to(dtype), response_mask),
-        "pg_clipfrac_lower": torch.zeros((), dtype=dtype, device=lp.device),
+        "pg_clipfrac": clipfrac,
+        "pg_clipfrac_lower": torch.zeros((), dtype=lp.dtype, device=lp.device),
         "ppo_kl": masked_mean(-token_log_ratio, response_mask),
     }
     return _finish(pg_losses, response_mask, loss_agg_mode, config, old_log_prob, rollout_log_probs, metrics)

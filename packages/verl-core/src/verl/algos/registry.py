@@ -137,7 +137,7 @@ class Registry:
         kwargs = {k: v for k, v in spec.items() if k != "_target_"}
         if not kwargs:  # the function itself, so its attributes stay visible
             target = spec["_target_"]
-            return target if callable(target) else resolve_target(target, key=_join(key, "_target_"))
+            return target if callable(target) else resolve_target(target, key=f"{key}._target_" if key else "_target_")
         return instantiate({**spec, "_partial_": True}, key=key)
 
 
@@ -152,7 +152,3 @@ def _same_function(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
 
 def _describe(fn: Callable[..., Any]) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
-
-
-def _join(key: str, part: str) -> str:
-    return f"{key}.{part}" if key else part

@@ -16,8 +16,6 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from omegaconf import DictConfig
-
 from verl.config.errors import ConfigError, ConfigProblem
 from verl.config.instantiate import instantiate
 from verl.reward.answers import gsm8k_answer, last_boxed, last_number, math_answers_equal, parse_number
@@ -52,7 +50,7 @@ def get_reward_fn(spec: str | Mapping | RewardFn, *, key: str = CONFIG_KEY) -> R
     """
     if isinstance(spec, str):
         fn = _registered(spec, key)
-    elif isinstance(spec, (Mapping, DictConfig)):
+    elif isinstance(spec, Mapping):  # DictConfig is one too
         fn = _from_mapping(spec, key)
     elif callable(spec):
         fn = spec

@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl.config.errors import ConfigError, ConfigProblem
+from verl.algos.utils import config_value
 from verl.config.instantiate import instantiate
 from verl.protocol import DataProto
-from verl.reward.functions import RewardFn, _describe, get_reward_fn
+from verl.reward.functions import RewardFn, _describe, _error, get_reward_fn
 
 __all__ = ["RewardFunctionError", "RewardManager", "make_reward_manager"]
 
@@ -52,17 +52,6 @@ class RewardFunctionError(RuntimeError):
     def __init__(self, message: str, *, row: int, index: Any, data_source: str):
         super().__init__(message)
         self.row, self.index, self.data_source = row, index, data_source
-
-
-@dataclass(frozen=True)
-class _Sample:
-    row: int
-    prompt: str
-    response: str
-    ground_truth: str
-    data_source: str
-    index: Any
-    extra: dict
 
 
 @dataclass(frozen=True)
@@ -104,7 +93,7 @@ class RewardManager:
                 f"responses {tuple(responses.shape)} and response_mask {tuple(mask.shape)} must both be [B, T]"
             )
         n = responses.shape[0]
-        sources = [str(s) for s in _column(batch, "data_source", ["unknown"] * n)]
+        sources = [str(s) for s in batch.non_tensor_batch.get("data_source", ["unknown"] * n)]
         indices = _dataset_indices(batch, n)
         scores = torch.zeros(n, dtype=torch.float64)
         replaced = []  # (row, raw value, what replaced it, origin)
@@ -112,70 +101,68 @@ class RewardManager:
 
         fn_results = None
         if self.fn is not None:
-            samples = self._samples(batch, responses, mask, sources, indices)
-            fn_results = self._score(samples)
-            fn_scores = [r.score for r in fn_results]
-            scores += self._finite(fn_scores, "reward.fn", replaced)
+            fn_results = self._fn_results(batch, responses, mask, sources, indices)
+            scores += self._finite([r.score for r in fn_results], "reward.fn", replaced)
         if self.reward_model is not None:
-            model_scores = self._finite(self._model_scores(batch, responses).tolist(), "reward.model", replaced)
+            model_scores = self._finite(self._model_scores(batch, responses), "reward.model", replaced)
             metrics["reward/model_score/mean"] = _mean(model_scores.tolist())
             scores += model_scores
         if self.clamp is not None:
             scores = scores.clamp(*self.clamp)
         self._warn_nonfinite(replaced, batch, sources, indices)
 
-        has_token, last = _last_tokens(mask)
-        token_level_scores = torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)
-        rows = torch.nonzero(has_token).flatten()
-        token_level_scores[rows, last[rows]] = scores[rows.cpu()].to(torch.float32).to(responses.device)
+        # The score sits on the last generated token: the mask's last 1, not mask.sum() - 1, since a multi-turn
+        # mask has holes (tool output). A row without a generated token has nowhere to put its score.
+        keep = mask.bool()
+        is_last = keep & (keep.flip(1).cumsum(dim=1).flip(1) == 1)
+        token_level_scores = torch.where(is_last, scores.to(responses.device, torch.float32).unsqueeze(1), 0.0)
 
         seq_scores = token_level_scores.sum(dim=1).double().cpu()
         metrics.update(_score_metrics(seq_scores, sources, fn_results))
-        metrics["reward/empty_responses"] = float(n - int(has_token.sum()))
+        metrics["reward/empty_responses"] = float(n - int(is_last.sum()))
         metrics["reward/nonfinite_count"] = float(len(replaced))
         return token_level_scores, metrics
 
     # ------------------------------------------------------------------ the reward function
 
-    def _samples(
+    def _fn_results(
         self, batch: DataProto, responses: torch.Tensor, mask: torch.Tensor, sources: list[str], indices: list
-    ) -> list[_Sample]:
+    ) -> list[_FnResult]:
         n = responses.shape[0]
-        keep = mask.bool().cpu()
         texts = self.tokenizer.batch_decode(
-            [row[m].tolist() for row, m in zip(responses.cpu(), keep)], skip_special_tokens=True
+            [row[m].tolist() for row, m in zip(responses.cpu(), mask.bool().cpu())], skip_special_tokens=True
         )
         prompts = _prompts(batch, self.tokenizer, n)
-        ground_truths = _column(batch, "ground_truth", None)
+        ground_truths = batch.non_tensor_batch.get("ground_truth")
         if ground_truths is None:
             raise KeyError(
                 "the batch has no non-tensor 'ground_truth', which the reward function needs; "
                 f"non-tensor keys are {sorted(batch.non_tensor_batch)} (the dataset must provide it)"
             )
-        extra_infos = _column(batch, "extra_info", [None] * n)
-        samples = []
-        for i in range(n):
+        truths = ["" if t is None else str(t) for t in ground_truths]
+        extra_infos = batch.non_tensor_batch.get("extra_info", [None] * n)
+
+        def score(i: int) -> _FnResult:
             extra = dict(extra_infos[i]) if isinstance(extra_infos[i], Mapping) else {}
             extra.setdefault("data_source", sources[i])
-            truth = "" if ground_truths[i] is None else str(ground_truths[i])
-            samples.append(_Sample(i, prompts[i], texts[i], truth, sources[i], indices[i], extra))
-        return samples
+            try:
+                return _parse_result(self.fn(prompts[i], texts[i], truths[i], extra))
+            except Exception as e:
+                message = (
+                    f"reward function {_describe(self.fn)} raised {type(e).__name__}: {e}\n"
+                    f"  on batch row {i} (data_source={sources[i]!r}, dataset index={indices[i]!r})\n"
+                    f"  prompt: {_shorten(prompts[i])!r}\n"
+                    f"  response: {_shorten(texts[i])!r}\n"
+                    f"  ground_truth: {_shorten(truths[i])!r}"
+                )
+                raise RewardFunctionError(message, row=i, index=indices[i], data_source=sources[i]) from e
 
-    def _score(self, samples: list[_Sample]) -> list[_FnResult]:
-        if self.num_workers > 1 and len(samples) > 1:
+        if self.num_workers > 1 and n > 1:
             # Threads help only when the function waits (a sandbox, an HTTP judge); map keeps row order,
             # so the first failing row in order is the one reported.
             with ThreadPoolExecutor(max_workers=self.num_workers, thread_name_prefix="reward") as pool:
-                return list(pool.map(self._score_one, samples))
-        return [self._score_one(s) for s in samples]
-
-    def _score_one(self, sample: _Sample) -> _FnResult:
-        try:
-            return _parse_result(self.fn(sample.prompt, sample.response, sample.ground_truth, sample.extra))
-        except Exception as e:
-            raise RewardFunctionError(
-                _failure_message(self.fn, sample, e), row=sample.row, index=sample.index, data_source=sample.data_source
-            ) from e
+                return list(pool.map(score, range(n)))
+        return [score(i) for i in range(n)]
 
     # ------------------------------------------------------------------ the reward model
 
@@ -198,20 +185,21 @@ class RewardManager:
 
     # ------------------------------------------------------------------ non-finite scores
 
-    def _finite(self, values: list[float], origin: str, replaced: list) -> torch.Tensor:
+    def _finite(self, values: list[float] | torch.Tensor, origin: str, replaced: list) -> torch.Tensor:
         low, high = self.clamp if self.clamp is not None else (0.0, 0.0)
-        out = []
-        for row, value in enumerate(values):
-            if math.isfinite(value):
-                out.append(value)
-                continue
-            substitute = high if value == math.inf else low  # NaN is no evidence of a good answer: low
-            replaced.append((row, value, substitute, origin))
-            out.append(substitute)
-        return torch.tensor(out, dtype=torch.float64)
+        raw = torch.as_tensor(values, dtype=torch.float64)
+        out = torch.nan_to_num(raw, nan=low, posinf=high, neginf=low)  # NaN is no evidence of a good answer: low
+        rows = torch.nonzero(~torch.isfinite(raw)).flatten().tolist()
+        replaced.extend((row, raw[row].item(), out[row].item(), origin) for row in rows)
+        return out
 
     def _warn_nonfinite(self, replaced: list, batch: DataProto, sources: list[str], indices: list) -> None:
         for row, value, substitute, origin in replaced[:_MAX_WARNINGS]:
+            if self.tokenizer is None:
+                response = "<no tokenizer>"
+            else:
+                ids = batch.batch["responses"][row][batch.batch["response_mask"][row].bool()]
+                response = self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
             logger.warning(
                 "non-finite reward %s from %s on batch row %d (data_source=%r, index=%r) replaced by %s; response: %r",
                 value,
@@ -220,16 +208,10 @@ class RewardManager:
                 sources[row],
                 indices[row],
                 substitute,
-                _shorten(self._response_text(batch, row)),
+                _shorten(response),
             )
         if len(replaced) > _MAX_WARNINGS:
             logger.warning("%d more non-finite rewards in this batch were replaced", len(replaced) - _MAX_WARNINGS)
-
-    def _response_text(self, batch: DataProto, row: int) -> str:
-        if self.tokenizer is None:
-            return "<no tokenizer>"
-        ids = batch.batch["responses"][row][batch.batch["response_mask"][row].bool()]
-        return self.tokenizer.decode(ids.tolist(), skip_special_tokens=True)
 
 
 def make_reward_manager(reward_cfg: Any, tokenizer: Any, reward_fn: Any = None, **kwargs: Any) -> RewardManager:
@@ -237,24 +219,24 @@ def make_reward_manager(reward_cfg: Any, tokenizer: Any, reward_fn: Any = None, 
 
     Extra kwargs (e.g. num_workers) go to RewardManager.
     """
-    fn_spec = reward_fn if reward_fn is not None else _get(reward_cfg, "fn")
+    fn_spec = reward_fn if reward_fn is not None else config_value(reward_cfg, "fn")
     fn = get_reward_fn(fn_spec) if fn_spec is not None else None
-    model_spec = _get(reward_cfg, "model")
+    model_spec = config_value(reward_cfg, "model")
     model = instantiate(model_spec, key="reward.model") if model_spec is not None else None
     if model is not None and not callable(getattr(model, "forward", None)):
-        raise _config_error(
+        raise _error(
             "reward.model",
             f"built a {type(model).__name__}, which has no forward()",
             "point _target_ at a class with forward(prompt_ids, response_ids) -> Tensor[B]",
         )
     if fn is None and model is None:
-        raise _config_error(
+        raise _error(
             "reward.fn", "no reward is configured", "set reward.fn (e.g. gsm8k, math_boxed, arithmetic) or reward.model"
         )
     try:
-        clamp = _check_clamp(_get(reward_cfg, "clamp"))
+        clamp = _check_clamp(config_value(reward_cfg, "clamp"))
     except ValueError as e:
-        raise _config_error("reward.clamp", str(e), "write it as [low, high] with low <= high") from None
+        raise _error("reward.clamp", str(e), "write it as [low, high] with low <= high") from None
     return RewardManager(fn, tokenizer=tokenizer, clamp=clamp, reward_model=model, **kwargs)
 
 
@@ -271,23 +253,10 @@ def _parse_result(result: Any) -> _FnResult:
     return _FnResult(_number(result, "score"), None, {})
 
 
-def _last_tokens(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(row has a generated token [B], position of its last one [B], -1 where none).
-
-    For a right-padded prefix mask the position is mask.sum() - 1; taking the last 1 also handles masks
-    with holes (tool output inside a multi-turn response).
-    """
-    has_token = mask.bool().any(dim=1)
-    if mask.shape[1] == 0:
-        return has_token, torch.full_like(has_token, -1, dtype=torch.long)
-    from_end = mask.bool().flip(1).int().argmax(dim=1)  # argmax returns the first maximum
-    return has_token, torch.where(has_token, mask.shape[1] - 1 - from_end, -1)
-
-
 def _is_number(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return value.numel() == 1 and not value.is_complex()
-    return isinstance(value, (Real, np.integer, np.floating, np.bool_))
+    return isinstance(value, (Real, np.bool_))  # numpy registers its ints and floats as Real
 
 
 def _number(value: Any, what: str = "value") -> float:
@@ -314,26 +283,14 @@ def _score_metrics(seq_scores: torch.Tensor, sources: list[str], fn_results: lis
                 if math.isfinite(v):
                     extras[k].append(v)
         metrics.update({f"reward/extra/{k}": _mean(v) for k, v in extras.items()})
-    rows_by_source = defaultdict(list)
-    for row, source in enumerate(sources):
-        rows_by_source[source].append(row)
-    for source, rows in rows_by_source.items():
+    for source in dict.fromkeys(sources):  # each once, in order of first appearance
+        rows = [row for row, s in enumerate(sources) if s == source]
         # A data source called "score" must not overwrite reward/score/mean.
         prefix = f"reward/data_source/{source}" if source in _OWN_KEYS else f"reward/{source}"
         metrics[f"{prefix}/mean"] = _mean([seq_scores[r].item() for r in rows])
         if correct is not None:
             metrics[f"{prefix}/accuracy"] = _mean([correct[r] for r in rows])
     return metrics
-
-
-def _failure_message(fn: Any, sample: _Sample, error: Exception) -> str:
-    return (
-        f"reward function {_describe(fn)} raised {type(error).__name__}: {error}\n"
-        f"  on batch row {sample.row} (data_source={sample.data_source!r}, dataset index={sample.index!r})\n"
-        f"  prompt: {_shorten(sample.prompt)!r}\n"
-        f"  response: {_shorten(sample.response)!r}\n"
-        f"  ground_truth: {_shorten(sample.ground_truth)!r}"
-    )
 
 
 def _shorten(text: str, limit: int = _SHOWN_CHARS) -> str:
@@ -346,7 +303,7 @@ def _shorten(text: str, limit: int = _SHOWN_CHARS) -> str:
 
 def _prompts(batch: DataProto, tokenizer: Any, n: int) -> list[str]:
     """raw_prompt strings when the batch has them, else the decoded `prompts` tensor, else ""."""
-    raw = _column(batch, "raw_prompt", None)
+    raw = batch.non_tensor_batch.get("raw_prompt")
     decoded = None
     if (raw is None or not all(isinstance(p, str) for p in raw)) and "prompts" in batch.tensor_keys:
         decoded = tokenizer.batch_decode(batch.batch["prompts"].tolist(), skip_special_tokens=True)
@@ -361,15 +318,11 @@ def _tensor(batch: DataProto, key: str) -> torch.Tensor:
     return batch.batch[key]
 
 
-def _column(batch: DataProto, key: str, default: Any) -> Any:
-    return batch.non_tensor_batch.get(key, default)
-
-
 def _dataset_indices(batch: DataProto, n: int) -> list:
     """Each row's index in its dataset: the `index` column, else extra_info["index"], else the row number."""
     if "index" in batch.non_tensor_batch:
         return [_plain(i) for i in batch.non_tensor_batch["index"]]
-    extra_infos = _column(batch, "extra_info", [None] * n)
+    extra_infos = batch.non_tensor_batch.get("extra_info", [None] * n)
     return [_plain(e.get("index", i)) if isinstance(e, Mapping) else i for i, e in enumerate(extra_infos)]
 
 
@@ -391,15 +344,3 @@ def _check_clamp(clamp: Any) -> tuple[float, float] | None:
     if not (math.isfinite(low) and math.isfinite(high) and low <= high):
         raise ValueError(f"clamp must be finite [low, high] with low <= high, got [{low}, {high}]")
     return low, high
-
-
-def _get(cfg: Any, key: str) -> Any:
-    if cfg is None:
-        return None
-    if isinstance(cfg, Mapping):
-        return cfg.get(key)
-    return getattr(cfg, key, None)
-
-
-def _config_error(key: str, message: str, fix: str) -> ConfigError:
-    return ConfigError([ConfigProblem(key, message, fix=fix)])
