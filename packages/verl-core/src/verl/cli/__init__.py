@@ -32,11 +32,10 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl", description="RL post-training for LLMs (HybridFlow).")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{validate,train,export,info}")
     validate = sub.add_parser("validate", help="check a recipe and print the resolved config and plan")
-    validate.add_argument("recipe", help="a recipe YAML file")
-    validate.add_argument("overrides", nargs="*", help="key=value overrides, applied in order")
     train = sub.add_parser("train", help="train with a recipe")
-    train.add_argument("recipe", help="a recipe YAML file")
-    train.add_argument("overrides", nargs="*", help="key=value overrides, applied in order")
+    for command in (validate, train):
+        command.add_argument("recipe", help="a recipe YAML file")
+        command.add_argument("overrides", nargs="*", help="key=value overrides, applied in order")
     train.add_argument("--dry-run", action="store_true", help="validate and plan only; start nothing")
     export = sub.add_parser("export", help="write a Hugging Face folder from a training checkpoint")
     export.add_argument("checkpoint", help="a role's checkpoint folder, e.g. <checkpoints>/step_100/actor")
@@ -52,11 +51,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     # parse_args stops filling `overrides` at the first option, so `r.yaml --dry-run a=1` would reject
     # `a=1`; parse_known_args hands those back in order and they join the overrides.
     args, rest = parser.parse_known_args(list(argv))
-    unknown = [a for a in rest if a.startswith("-")]
+    unknown = [a for a in rest if a.startswith("-")] or (rest if args.command in ("info", "export") else [])
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if rest and args.command in ("info", "export"):
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if rest:
         args.overrides = list(args.overrides) + rest
     return args
@@ -65,7 +62,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def _print_problems(problems: Sequence[ConfigProblem], stream: TextIO) -> None:
     for problem in problems:
         print(problem.format(), file=stream)
-    n_err = sum(p.severity == "error" for p in problems)
+    n_err = len(errors(problems))
     n_warn = len(problems) - n_err
     if problems:
         print(f"{n_err} error{'s' if n_err != 1 else ''}, {n_warn} warning{'s' if n_warn != 1 else ''}", file=stream)
@@ -155,8 +152,7 @@ def start_trainer(cfg: Any, plan: Any, name: str = "run") -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     if args.dry_run:
-        _, _, code = _check(args.recipe, args.overrides, strict=False, show_config=True)
-        return code
+        return cmd_validate(args)
     cfg, plan, code = _check(args.recipe, args.overrides, strict=True, show_config=False)
     if code != EXIT_OK:
         return code
@@ -167,24 +163,20 @@ def cmd_export(args: argparse.Namespace) -> int:
     """Convert a checkpoint into a Hugging Face folder with the backend's exporter (loaded only now)."""
     spec = installed_backends().get(args.backend)
     if spec is None or spec.kind != "train":
-        print(
-            f"error: --backend {args.backend}: no installed train backend of that name (see `verl info`)",
-            file=sys.stderr,
-        )
-        return EXIT_BAD_CONFIG
+        return _fail(f"--backend {args.backend}: no installed train backend of that name (see `verl info`)")
     if not spec.exporter:
-        print(
-            f"error: --backend {args.backend}: the backend writes Hugging Face folders itself (checkpoint.save_hf)",
-            file=sys.stderr,
-        )
-        return EXIT_BAD_CONFIG
+        return _fail(f"--backend {args.backend}: the backend writes Hugging Face folders itself (checkpoint.save_hf)")
     try:
         weight_map = spec.load("exporter")(args.checkpoint, args.out)
     except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
+        return _fail(str(e))
     print(f"verl export: {len(weight_map)} tensors from {args.checkpoint} -> {args.out}")
     return EXIT_OK
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_BAD_CONFIG
 
 
 def _version(distribution: str) -> Optional[str]:
@@ -211,11 +203,9 @@ def _backend_lines() -> List[str]:
             continue
         version = _version(spec.package) or "source checkout"
         missing = spec.missing_requirements()
-        needs = (
-            f"missing: {', '.join(missing)}" + (f" (pip install {spec.extra})" if spec.extra else "")
-            if missing
-            else "ready"
-        )
+        needs = f"missing: {', '.join(missing)}" if missing else "ready"
+        if missing and spec.extra:
+            needs += f" (pip install {spec.extra})"
         lines.append(f"  {name:<9} {spec.kind:<8} {spec.package:<14} {version:<16} {needs}")
     return lines
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 from verl.config.placement import Layout, Pool
-from verl.config.plan import BatchPlan, Plan
+from verl.config.plan import Plan
 
 
 def _count(n: int, word: str) -> str:
@@ -38,8 +38,7 @@ def _role_lines(plan: Plan) -> List[str]:
         pool = plan.pool(layout.role)
         where = f"{_count(pool.size, 'device')} in pool '{pool.name}' ({_node_span(pool, plan.devices_per_node)})"
         rows.append([layout.role, layout.backend, _sizes(layout), where])
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = ["  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows]
+    lines = _table(rows)
     groups = plan.rollout_groups_per_actor_group()
     if groups is not None:
         actor, rollout = plan.layout("actor"), plan.layout("rollout")
@@ -54,7 +53,8 @@ def _ratio(total: int, parts: int, per: Optional[int]) -> str:
     return str(per) if per is not None else f"{total}/{parts} (does not divide)"
 
 
-def _batch_lines(batch: BatchPlan) -> List[str]:
+def _batch_lines(plan: Plan) -> List[str]:
+    batch = plan.batch
     lines = [f"batch: {_count(batch.prompts, 'prompt')} x {_count(batch.n, 'sample')} = {batch.samples} samples/step"]
     if batch.rollout_dp is not None:
         per = batch.prompts_per_replica
@@ -80,10 +80,11 @@ def _batch_lines(batch: BatchPlan) -> List[str]:
             f"{t.role}: mini-batch {t.mini_prompts} prompts = {t.mini_samples} samples = "
             f"{per_rank} per DP rank = {micro}{steps}"
         )
-    if batch.log_prob:
+    if plan.log_prob_passes:
         passes = [
-            f"{p.role} {_ratio(p.samples, p.dp, p.per_rank)} per DP rank (micro-batches of {p.micro})"
-            for p in batch.log_prob
+            f"{r.name} {_ratio(batch.samples, r.layout.dp, batch.per_rank(r.layout.dp))} per DP rank "
+            f"(micro-batches of {r.micro_batch})"
+            for r in plan.log_prob_passes
         ]
         lines.append(f"log-prob passes over {batch.samples} samples: " + "; ".join(passes))
     return lines
@@ -118,9 +119,10 @@ def _rank_rows(plan: Plan, max_rows: int) -> List[List[str]]:
     return rows
 
 
-def _table(header: List[str], rows: List[List[str]]) -> List[str]:
-    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header) - 1)]
-    return ["  ".join(r[i].ljust(widths[i]) for i in range(len(widths))) + "  " + r[-1] for r in [header] + rows]
+def _table(rows: List[List[str]]) -> List[str]:
+    """Rows in aligned columns; the last column is left as it is."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return ["  ".join(r[i].ljust(widths[i]) for i in range(len(widths))) + "  " + r[-1] for r in rows]
 
 
 def format_plan(plan: Plan, max_rows: int = 64) -> str:
@@ -132,6 +134,6 @@ def format_plan(plan: Plan, max_rows: int = 64) -> str:
         "",
     ]
     if plan.batch is not None:
-        lines += _batch_lines(plan.batch) + _run_lines(plan) + [""]
-    lines += _table(["node", "device", "rank", "workers"], _rank_rows(plan, max_rows))
+        lines += _batch_lines(plan) + _run_lines(plan) + [""]
+    lines += _table([["node", "device", "rank", "workers"], *_rank_rows(plan, max_rows)])
     return "\n".join(lines)

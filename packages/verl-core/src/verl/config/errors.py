@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, List, Literal, Optional
+from typing import Iterable, List, Literal, Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -30,9 +30,13 @@ class ConfigError(Exception):
 
     @property
     def errors(self) -> List[ConfigProblem]:
-        return [p for p in self.problems if p.severity == "error"]
+        return errors(self.problems)
 
     def __str__(self) -> str:
         n = len(self.errors)
         head = f"{n} configuration error{'s' if n != 1 else ''}:"
         return "\n".join([head] + [p.format() for p in self.problems])
+
+
+def errors(problems: Sequence[ConfigProblem]) -> List[ConfigProblem]:
+    return [p for p in problems if p.severity == "error"]

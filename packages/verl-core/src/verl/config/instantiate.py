@@ -70,8 +70,7 @@ def instantiate(spec: Mapping | DictConfig, *args: Any, key: str = "", **kwargs:
         return fn(*call_args, **call_kwargs)
     except Exception as e:
         # The user's own error, kept as is (type and traceback) with a note saying which component failed.
-        if hasattr(e, "add_note"):  # Python 3.11+
-            e.add_note(f"while instantiating {key or 'a component'} ({_name(target)})")
+        e.add_note(f"while instantiating {key or 'a component'} ({_name(target)})")
         raise
 
 
@@ -84,13 +83,13 @@ def resolve_target(dotted: str, key: str = "") -> Any:
     dotted = dotted.strip()
     if ":" in dotted:
         module_name, _, attr_path = dotted.partition(":")
-        module = _import(module_name, key)
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as e:
+            raise _import_error(module_name, e, key) from e
         return _get_attrs(module, module_name, attr_path.split(".") if attr_path else [], key)
     module, module_name, rest = _import_longest(dotted, key)
     return _get_attrs(module, module_name, rest, key)
-
-
-# --------------------------------------------------------------------------- helpers
 
 
 def _import_longest(dotted: str, key: str) -> tuple[Any, str, list]:
@@ -111,13 +110,6 @@ def _import_longest(dotted: str, key: str) -> tuple[Any, str, list]:
             raise _import_error(name, e, key) from e
     name, e = first_error
     raise _import_error(name, e, key) from e
-
-
-def _import(module_name: str, key: str) -> Any:
-    try:
-        return importlib.import_module(module_name)
-    except Exception as e:
-        raise _import_error(module_name, e, key) from e
 
 
 def _get_attrs(obj: Any, owner: str, attrs: list, key: str) -> Any:

@@ -11,21 +11,18 @@ Each known key is still merged by OmegaConf, one at a time, so its conversion ru
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import os
-import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
-from functools import cache
-from typing import Any, Union
+from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, OmegaConfBaseException
 
-from verl.config.errors import ConfigError, ConfigProblem
+from verl.config.errors import ConfigError, ConfigProblem, errors
 from verl.config.recipe_text import KeyPath, describe, dotted_key, nest, parse_all, read_recipe
-from verl.config.schema import REMOVED_KEYS, VerlConfig
+from verl.config.schema import REMOVED_KEYS, VerlConfig, field_types, is_section, strip_optional
 
 Locate = Callable[[KeyPath], str | None]
 Container = DictConfig | ListConfig
@@ -33,14 +30,11 @@ Container = DictConfig | ListConfig
 __all__ = ["load_config", "read_config", "parse_overrides", "to_yaml"]
 
 
-# --------------------------------------------------------------------------- public API
-
-
 def load_config(path: str | os.PathLike | Mapping, overrides: Sequence[str] = ()) -> DictConfig:
     """Recipe file (or a plain dict of sections) + key=value overrides merged onto the schema; raises
     ConfigError listing every problem."""
     cfg, problems = read_config(path, overrides)
-    if cfg is None or any(p.severity == "error" for p in problems):
+    if cfg is None or errors(problems):
         raise ConfigError(problems)
     return cfg
 
@@ -54,8 +48,10 @@ def read_config(
     can go on to check the rest; it is None only when the file itself could not be read or parsed.
     """
     cfg = OmegaConf.structured(VerlConfig)
-    if isinstance(path, Mapping):  # a recipe given as data: the same checks, without file locations
-        data, locations, problems = _plain(path), {}, []
+    if isinstance(path, DictConfig):  # a recipe given as data: the same checks, without file locations
+        data, locations, problems = OmegaConf.to_container(path, resolve=False), {}, []
+    elif isinstance(path, Mapping):
+        data, locations, problems = dict(path), {}, []
     else:
         data, locations, problems = read_recipe(path)
     if data:
@@ -71,13 +67,6 @@ def read_config(
         problems += _missing_problems(cfg, locations, problems)
         problems += _interpolation_problems(cfg, locations)
     return (cfg if data is not None else None), problems
-
-
-def _plain(data: Mapping) -> dict:
-    """A mapping (a dict, or a DictConfig section) as plain data for the schema walk."""
-    if isinstance(data, DictConfig):
-        return OmegaConf.to_container(data, resolve=False)
-    return dict(data)
 
 
 def parse_overrides(overrides: Sequence[str]) -> tuple[dict, list[ConfigProblem]]:
@@ -109,24 +98,6 @@ def to_yaml(cfg: DictConfig, resolve: bool = True) -> str:
         ) from None
 
 
-# --------------------------------------------------------------------------- schema walk + merge
-
-
-@cache
-def _field_types(cls: type) -> dict[str, Any]:
-    """Field name -> resolved type (schema.py uses `from __future__ import annotations`, so strings)."""
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
-
-
-def _strip_optional(tp: Any) -> Any:
-    if typing.get_origin(tp) in (Union, types.UnionType):  # Optional[X] and X | None
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return tp
-
-
 def _list_element(tp: Any) -> Any | None:
     """The element type of List[X] (Any when bare), or None when tp is not a list type."""
     if typing.get_origin(tp) is list:
@@ -135,15 +106,11 @@ def _list_element(tp: Any) -> Any | None:
     return None
 
 
-def _is_section(tp: Any) -> bool:
-    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
-
-
 def _apply_section(
     node: DictConfig, schema: type, data: Mapping, path: KeyPath, locate: Locate, problems: list[ConfigProblem]
 ) -> None:
     """Merge user data into one schema section key by key: unknown keys and bad values become problems."""
-    fields = _field_types(schema)
+    fields = field_types(schema)
     for raw_key, value in data.items():
         key = str(raw_key)
         key_path = path + (key,)
@@ -154,21 +121,15 @@ def _apply_section(
 
 
 def _apply_value(
-    parent: Container,
-    key: str | int,
-    tp: Any,
-    value: Any,
-    path: KeyPath,
-    locate: Locate,
-    problems: list[ConfigProblem],
+    parent: Container, key: str | int, tp: Any, value: Any, path: KeyPath, locate: Locate, problems: list[ConfigProblem]
 ) -> None:
-    base = _strip_optional(tp)
+    base = strip_optional(tp)
     element = _list_element(base)
-    if _is_section(base) and isinstance(value, Mapping):
+    if is_section(base) and isinstance(value, Mapping):
         if not _make_section(parent, key, tp, path, locate, problems):
             return
         _apply_section(parent[key], base, value, path, locate, problems)
-    elif _is_section(element) and isinstance(value, list):
+    elif is_section(element) and isinstance(value, list):
         # Lay down default elements, then fill each one so a bad key inside gets its own path and line.
         if _merge(parent, key, [{} for _ in value], tp, path, locate, problems):
             for index, item in enumerate(value):
@@ -215,13 +176,7 @@ def _apply_indices(
 
 
 def _merge(
-    parent: Container,
-    key: str | int,
-    value: Any,
-    tp: Any,
-    path: KeyPath,
-    locate: Locate,
-    problems: list[ConfigProblem],
+    parent: Container, key: str | int, value: Any, tp: Any, path: KeyPath, locate: Locate, problems: list[ConfigProblem]
 ) -> bool:
     """Let OmegaConf convert and check one value; a failure becomes a problem at that key."""
     try:
@@ -244,9 +199,6 @@ def _is_list(parent: Container, key: str | int) -> bool:
     if OmegaConf.is_missing(parent, key) or OmegaConf.is_interpolation(parent, key):
         return False
     return isinstance(parent[key], ListConfig)
-
-
-# --------------------------------------------------------------------------- problem wording
 
 
 def _unknown_key(path: KeyPath, valid: list[str], location: str | None) -> ConfigProblem:
@@ -279,7 +231,7 @@ def _type_problem(path: KeyPath, tp: Any, value: Any, error: Exception, location
 def _type_name(tp: Any) -> str:
     if tp is Any:
         return "any value"
-    base = _strip_optional(tp)
+    base = strip_optional(tp)
     if base is not tp:
         return f"{_type_name(base)} or null"
     element = _list_element(tp)
@@ -287,7 +239,7 @@ def _type_name(tp: Any) -> str:
         return f"list of {_type_name(element)}"
     if typing.get_origin(tp) is dict:
         return "mapping"
-    if _is_section(tp):
+    if is_section(tp):
         return f"mapping ({tp.__name__})"
     return getattr(tp, "__name__", str(tp))
 
@@ -304,9 +256,6 @@ def _nearest_location(locations: dict[str, str], path: KeyPath) -> str | None:
         if where:
             return where
     return None
-
-
-# --------------------------------------------------------------------------- checks after the merge
 
 
 def _walk(node: Container, path: KeyPath = ()):
@@ -346,10 +295,7 @@ def _missing_problems(cfg: DictConfig, locations: dict[str, str], found: list[Co
 def _suggested(dotted: str, found: list[ConfigProblem]) -> bool:
     """True when a typo'd key already suggests this one: its rename fix covers the missing value."""
     parent, _, leaf = dotted.rpartition(".")
-    for p in found:
-        if p.key.rpartition(".")[0] == parent and f"did you mean '{leaf}'?" in p.message:
-            return True
-    return False
+    return any(p.key.rpartition(".")[0] == parent and f"did you mean '{leaf}'?" in p.message for p in found)
 
 
 def _interpolation_problems(cfg: DictConfig, locations: dict[str, str]) -> list[ConfigProblem]:

@@ -14,6 +14,8 @@ A rollout has pp = cp = 1, so the same formula gives its order: tp fastest, then
 from __future__ import annotations
 
 import difflib
+import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -24,11 +26,6 @@ from verl.config.schema import ROLES, VerlConfig
 
 AXES = ("tp", "pp", "cp", "dp", "ep")
 TRAIN_ROLES = ("actor", "ref", "critic")
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading the config
-# ---------------------------------------------------------------------------------------------
 
 
 def as_config(cfg: Any) -> DictConfig:
@@ -45,46 +42,33 @@ def value(cfg: DictConfig, key: str) -> Any:
     return OmegaConf.select(cfg, key, default=None)
 
 
-def ref_enabled(cfg: DictConfig) -> bool:
-    enable = value(cfg, "ref.enable")
+def _switch(cfg: DictConfig, role: str) -> Tuple[bool, str]:
+    """Whether a role runs and, when it does, a short reason for messages about it."""
+    if role in ("actor", "rollout"):
+        return True, "always on"
+    enable = value(cfg, f"{role}.enable")
     if enable is not None:
-        return bool(enable)
-    return bool(value(cfg, "actor.use_kl_loss")) or bool(value(cfg, "algorithm.use_kl_in_reward"))
+        return bool(enable), f"{role}.enable=true"
+    if role == "ref":
+        kl = bool(value(cfg, "actor.use_kl_loss")) or bool(value(cfg, "algorithm.use_kl_in_reward"))
+        return kl, "actor.use_kl_loss or algorithm.use_kl_in_reward is true"
+    return "values" in estimator_inputs(cfg), f"algorithm.adv_estimator={value(cfg, 'algorithm.adv_estimator')}"
 
 
-def critic_enabled(cfg: DictConfig) -> bool:
-    enable = value(cfg, "critic.enable")
-    if enable is not None:
-        return bool(enable)
-    return _estimator_needs_values(value(cfg, "algorithm.adv_estimator"))
-
-
-def _estimator_needs_values(spec: Any) -> bool:
-    """Whether the advantage estimator declares it needs a critic (gae, or a plugin's with requires=("values",))."""
-    from verl.algos import estimator_needs_values  # lazy: torch is needed only once algorithms are involved
+def estimator_inputs(cfg: DictConfig) -> Tuple[str, ...]:
+    """The optional inputs the advantage estimator declares (values: it needs a critic; index: groups)."""
+    from verl.algos import estimator_requires  # lazy: torch is needed only once algorithms are involved
 
     try:
-        return estimator_needs_values(spec)
+        return tuple(estimator_requires(value(cfg, "algorithm.adv_estimator")))
     except (LookupError, ValueError, TypeError, ConfigError):  # a bad name or spec: validate reports it
-        return False
+        return ()
 
 
 def enabled_roles(cfg: Any) -> Tuple[str, ...]:
     """The roles this run needs, in ROLES order: actor and rollout always, ref and critic on demand."""
     cfg = as_config(cfg)
-    on = {"actor": True, "rollout": True, "ref": ref_enabled(cfg), "critic": critic_enabled(cfg)}
-    return tuple(r for r in ROLES if on[r])
-
-
-def why_enabled(cfg: DictConfig, role: str) -> str:
-    """A short reason a role is on, for messages about it."""
-    if role in ("actor", "rollout"):
-        return "always on"
-    if value(cfg, f"{role}.enable") is not None:
-        return f"{role}.enable=true"
-    if role == "ref":
-        return "actor.use_kl_loss or algorithm.use_kl_in_reward is true"
-    return f"algorithm.adv_estimator={value(cfg, 'algorithm.adv_estimator')}"
+    return tuple(r for r in ROLES if _switch(cfg, r)[0])
 
 
 def role_backend(cfg: DictConfig, role: str) -> Optional[str]:
@@ -103,11 +87,6 @@ def role_parallel(cfg: DictConfig, role: str) -> Dict[str, Optional[int]]:
     section = "actor" if role == "ref" and ref_inherits_parallel(cfg) else role
     node = value(cfg, f"{section}.parallel")
     return dict(OmegaConf.to_container(node)) if node is not None else {}
-
-
-# ---------------------------------------------------------------------------------------------
-# Pools and layouts
-# ---------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -168,11 +147,6 @@ class Layout:
         """The parallel sizes as a dict (what a backend's model description takes)."""
         return {"tp": self.tp, "pp": self.pp, "vpp": self.vpp, "cp": self.cp, "ep": self.ep, "dp": self.dp}
 
-    @property
-    def model_parallel(self) -> int:
-        """Devices that hold one copy of the model (tp * pp * cp)."""
-        return self.tp * self.pp * self.cp
-
     def rank(self, tp: int = 0, pp: int = 0, cp: int = 0, dp: int = 0) -> int:
         """The role-local rank of the given coordinates."""
         return tp + self.tp * (cp + self.cp * (dp + self.dp * pp))
@@ -197,11 +171,6 @@ class Layout:
         return tuple(a for a in AXES if a in base or getattr(self, a) > 1)
 
 
-# ---------------------------------------------------------------------------------------------
-# Resolving them from the config
-# ---------------------------------------------------------------------------------------------
-
-
 def _pool_name(pool: Any, index: int) -> str:
     name = value(pool, "name")
     return str(name) if name is not None else f"#{index}"
@@ -213,31 +182,29 @@ def _pool_roles(pool: Any) -> List[str]:
 
 
 def _total_devices(cfg: DictConfig) -> Tuple[Optional[int], List[ConfigProblem]]:
-    problems = []
-    for key in ("placement.nnodes", "placement.devices_per_node"):
-        v = value(cfg, key)
-        if v is None or v < 1:
-            problems.append(ConfigProblem(key, f"must be >= 1, got {v}", f"set {key}=1 or more"))
-    if problems:
-        return None, problems
-    return value(cfg, "placement.nnodes") * value(cfg, "placement.devices_per_node"), []
+    sizes = {key: value(cfg, key) for key in ("placement.nnodes", "placement.devices_per_node")}
+    problems = [
+        ConfigProblem(key, f"must be >= 1, got {v}", f"set {key}=1 or more") for key, v in sizes.items() if (v or 0) < 1
+    ]
+    return (None if problems else math.prod(sizes.values())), problems
 
 
-def resolve_pools(cfg: DictConfig) -> Tuple[Tuple[Tuple[str, int, int], ...], List[ConfigProblem]]:
-    """(name, first rank, size) for each pool whose device range resolves, and the problems found."""
+def resolve_pools(
+    cfg: DictConfig, role_pool: Sequence[Tuple[str, str]]
+) -> Tuple[Tuple[Pool, ...], List[ConfigProblem]]:
+    """Each pool whose device range resolves, with the enabled roles placed in it (`role_pool`), and the problems."""
     total, problems = _total_devices(cfg)
     pools = list(value(cfg, "placement.pools") or [])
     if not pools:
         fix = "add a pool, e.g. placement.pools=[{name: hybrid, roles: [actor, rollout, ref, critic]}]"
         return (), problems + [ConfigProblem("placement.pools", "no pools: no role has devices", fix)]
-    names = [_pool_name(pool, i) for i, pool in enumerate(pools)]
-    for name in sorted({n for n in names if names.count(n) > 1}):
-        problems.append(
-            ConfigProblem(
-                "placement.pools", f"{names.count(name)} pools are named '{name}'", "give each pool its own name"
-            )
-        )
-    resolved: List[Tuple[str, int, int]] = []
+    names = Counter(_pool_name(pool, i) for i, pool in enumerate(pools))
+    problems += [
+        ConfigProblem("placement.pools", f"{count} pools are named '{name}'", "give each pool its own name")
+        for name, count in sorted(names.items())
+        if count > 1
+    ]
+    resolved: List[Pool] = []
     taken = 0
     for i, pool in enumerate(pools):
         key, name, devices = f"placement.pools.{i}.devices", _pool_name(pool, i), value(pool, "devices")
@@ -270,7 +237,7 @@ def resolve_pools(cfg: DictConfig) -> Tuple[Tuple[Tuple[str, int, int], ...], Li
                 )
             )
             continue
-        resolved.append((name, taken, devices))
+        resolved.append(Pool(name, tuple(r for r, p in role_pool if p == name), taken, devices))
         taken += devices
     if total is not None and taken > total:
         nnodes, dpn = value(cfg, "placement.nnodes"), value(cfg, "placement.devices_per_node")
@@ -300,8 +267,8 @@ def assign_roles(cfg: DictConfig, roles: Sequence[str]) -> Tuple[Tuple[Tuple[str
     found: Dict[str, List[str]] = {}
     pools = list(value(cfg, "placement.pools") or [])
     for i, pool in enumerate(pools):
-        name = _pool_name(pool, i)
-        for role in _pool_roles(pool):
+        name, pool_roles = _pool_name(pool, i), _pool_roles(pool)
+        for role in pool_roles:
             if role in ROLES:
                 found.setdefault(role, []).append(name)
             else:
@@ -314,7 +281,6 @@ def assign_roles(cfg: DictConfig, roles: Sequence[str]) -> Tuple[Tuple[Tuple[str
                         f"{hint}roles: {', '.join(ROLES)}",
                     )
                 )
-        pool_roles = _pool_roles(pool)
         if not any(r in roles for r in pool_roles) and all(r in ROLES for r in pool_roles):
             problems.append(
                 ConfigProblem(
@@ -331,7 +297,7 @@ def assign_roles(cfg: DictConfig, roles: Sequence[str]) -> Tuple[Tuple[Tuple[str
             problems.append(
                 ConfigProblem(
                     "placement.pools",
-                    f"role '{role}' is enabled ({why_enabled(cfg, role)}) but is in no pool",
+                    f"role '{role}' is enabled ({_switch(cfg, role)[1]}) but is in no pool",
                     f"add '{role}' to the roles of one pool"
                     + (f", or set {role}.enable=false" if role in ("ref", "critic") else ""),
                 )
@@ -357,11 +323,11 @@ def derive_layout(
 ) -> Tuple[Optional[Layout], List[ConfigProblem]]:
     """Lay `parallel` over a pool (name, first rank, size), deriving dp; None and the problems if it does not fit."""
     name, first, devices = pool
-    problems = []
-    for axis in ("tp", "pp", "cp", "ep", "dp", "vpp"):
-        v = parallel.get(axis)
-        if v is not None and v < 1:
-            problems.append(ConfigProblem(f"{key}.{axis}", f"must be >= 1, got {v}{note}", f"set {key}.{axis}=1"))
+    problems = [
+        ConfigProblem(f"{key}.{axis}", f"must be >= 1, got {parallel[axis]}{note}", f"set {key}.{axis}=1")
+        for axis in ("tp", "pp", "cp", "ep", "dp", "vpp")
+        if parallel.get(axis) is not None and parallel[axis] < 1
+    ]
     if problems:
         return None, problems
     tp, pp, cp = parallel.get("tp") or 1, parallel.get("pp") or 1, parallel.get("cp") or 1
@@ -398,9 +364,9 @@ def resolve_sequence_parallel(setting: Optional[bool], tp: int) -> bool:
 
 
 def resolve_layouts(
-    cfg: DictConfig, role_pool: Sequence[Tuple[str, str]], pools: Sequence[Tuple[str, int, int]]
+    cfg: DictConfig, role_pool: Sequence[Tuple[str, str]], pools: Sequence[Pool]
 ) -> Tuple[Tuple[Layout, ...], List[ConfigProblem]]:
-    by_name = {p[0]: p for p in pools}
+    by_name = {p.name: p for p in pools}
     layouts: List[Layout] = []
     problems: List[ConfigProblem] = []
     for role, pool_name in role_pool:
@@ -410,16 +376,14 @@ def resolve_layouts(
         inherited = role == "ref" and ref_inherits_parallel(cfg)
         note = " (ref.parallel is unset, so it uses actor.parallel)" if inherited else ""
         actor_pool = by_name.get(dict(role_pool).get("actor", ""))
-        if inherited and actor_pool is not None and actor_pool[2] == pool[2] and not _has_layout(layouts, "actor"):
+        actor_failed = actor_pool is not None and not any(x.role == "actor" for x in layouts)
+        if inherited and actor_failed and actor_pool.size == pool.size:
             continue  # the same layout over as many devices: the actor's problem already says it
+        where = (pool.name, pool.first_rank, pool.size)
         layout, found = derive_layout(
-            role, role_backend(cfg, role) or "", role_parallel(cfg, role), pool, f"{role}.parallel", note
+            role, role_backend(cfg, role) or "", role_parallel(cfg, role), where, f"{role}.parallel", note
         )
         problems += found
         if layout is not None:
             layouts.append(layout)
     return tuple(layouts), problems
-
-
-def _has_layout(layouts: Sequence[Layout], role: str) -> bool:
-    return any(layout.role == role for layout in layouts)

@@ -1,11 +1,9 @@
 """The run's plan: every value the run derives from its config, resolved once.
 
-`build_plan(cfg)` turns a validated config into a `Plan`: each enabled role's backend and layout after
-inheritance (a ref without its own settings runs the actor's), the pools, the batch arithmetic (rows per
-rank, micro-batches, optimizer steps per step for each training role), the response length and the
-temperature log-probs are computed at. The trainer, the workers and the engines read the plan; none of
-them re-derives these numbers. `draft_plan` is the same arithmetic when parts of the config are wrong
-(validation reads it to report every problem); `verl.cli.render` prints a plan.
+`build_plan(cfg)` turns a validated config into a `Plan`: each enabled role after inheritance (a ref without
+its own settings runs the actor's), the pools, the batch arithmetic, the lengths and the log-prob temperature.
+The trainer, the workers and the engines read the plan; none of them re-derives these numbers. `draft_plan`
+plans whatever resolves when parts of the config are wrong (validation reads it to report every problem).
 """
 
 from __future__ import annotations
@@ -17,19 +15,23 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig
 
-from verl.config.errors import ConfigError, ConfigProblem
+from verl.config.errors import ConfigError, ConfigProblem, errors
 from verl.config.placement import (
     Coords,
     Layout,
     Pool,
     as_config,
     assign_roles,
-    critic_enabled,
     enabled_roles,
     resolve_layouts,
     resolve_pools,
     value,
 )
+
+
+def _split(total: Optional[int], parts: Optional[int]) -> Optional[int]:
+    """total / parts when both are known and it divides evenly, else None."""
+    return total // parts if total is not None and parts is not None and total % parts == 0 else None
 
 
 @dataclass(frozen=True)
@@ -50,14 +52,12 @@ class TrainBatch:
 
     @property
     def mini_batches(self) -> Optional[int]:
-        return self.prompts // self.mini_prompts if self.prompts % self.mini_prompts == 0 else None
+        return _split(self.prompts, self.mini_prompts)
 
     @property
     def per_rank(self) -> Optional[int]:
         """Samples of one mini-batch on one DP rank; None when they do not split evenly (or dp is unknown)."""
-        if self.dp is None or self.mini_samples % self.dp:
-            return None
-        return self.mini_samples // self.dp
+        return _split(self.mini_samples, self.dp)
 
     @property
     def optimizer_steps_per_step(self) -> Optional[int]:
@@ -67,22 +67,7 @@ class TrainBatch:
     @property
     def micro_batches(self) -> Optional[int]:
         """Gradient-accumulation steps per mini-batch on one rank; None when uneven."""
-        per_rank = self.per_rank
-        return per_rank // self.micro if per_rank is not None and per_rank % self.micro == 0 else None
-
-
-@dataclass(frozen=True)
-class LogProbPass:
-    """A forward pass over every sample of a step (old/ref log-probs, values)."""
-
-    role: str
-    samples: int
-    dp: int
-    micro: int
-
-    @property
-    def per_rank(self) -> Optional[int]:
-        return self.samples // self.dp if self.samples % self.dp == 0 else None
+        return _split(self.per_rank, self.micro)
 
 
 @dataclass(frozen=True)
@@ -91,7 +76,6 @@ class BatchPlan:
     n: int  # rollout.n
     rollout_dp: Optional[int]
     train: Tuple[TrainBatch, ...]
-    log_prob: Tuple[LogProbPass, ...]
 
     @property
     def samples(self) -> int:
@@ -100,9 +84,11 @@ class BatchPlan:
     @property
     def prompts_per_replica(self) -> Optional[int]:
         """Prompts one rollout DP replica generates for; None when they do not split evenly."""
-        if self.rollout_dp is None or self.prompts % self.rollout_dp:
-            return None
-        return self.prompts // self.rollout_dp
+        return _split(self.prompts, self.rollout_dp)
+
+    def per_rank(self, dp: int) -> Optional[int]:
+        """Samples of a pass over the whole step on one of `dp` ranks; None when they do not split evenly."""
+        return _split(self.samples, dp)
 
     def train_of(self, role: str) -> Optional[TrainBatch]:
         return next((t for t in self.train if t.role == role), None)
@@ -157,6 +143,11 @@ class Plan:
     @property
     def layouts(self) -> Tuple[Layout, ...]:
         return tuple(r.layout for r in self.role_plans)
+
+    @property
+    def log_prob_passes(self) -> Tuple[RolePlan, ...]:
+        """The roles with a forward pass over every sample of a step (old/ref log-probs, values)."""
+        return tuple(r for r in self.role_plans if isinstance(r.micro_batch, int) and r.micro_batch >= 1)
 
     def role(self, name: str) -> RolePlan:
         for r in self.role_plans:
@@ -223,16 +214,15 @@ class Draft:
 
     roles: Tuple[str, ...]  # enabled roles
     role_pool: Tuple[Tuple[str, str], ...]  # (role, pool name) for each enabled role found in a pool
-    pools: Tuple[Pool, ...]  # pools whose device range resolved
-    layouts: Tuple[Layout, ...]  # roles whose layout fits their pool
-    batch: Optional[BatchPlan]
+    plan: Plan  # of the pools whose device range resolved and the roles whose layout fits their pool
     problems: Tuple[ConfigProblem, ...]
 
-    def pool_of(self, role: str) -> Optional[str]:
-        return dict(self.role_pool).get(role)
 
-    def layout(self, role: str) -> Optional[Layout]:
-        return next((layout for layout in self.layouts if layout.role == role), None)
+MICRO_BATCH_KEYS = {
+    "actor": "actor.log_prob_micro_batch_size_per_device",
+    "ref": "ref.log_prob_micro_batch_size_per_device",
+    "critic": "critic.ppo_micro_batch_size_per_device",  # the critic's value pass
+}
 
 
 def _positive(cfg: DictConfig, key: str, default_key: Optional[str] = None) -> Optional[int]:
@@ -242,10 +232,9 @@ def _positive(cfg: DictConfig, key: str, default_key: Optional[str] = None) -> O
     return v if isinstance(v, int) and v >= 1 else None
 
 
-def batch_plan(cfg: DictConfig, layouts: Sequence[Layout]) -> Optional[BatchPlan]:
-    """The step's batch arithmetic over the given layouts; None when the batch sizes are unset or not positive.
-
-    Entries whose numbers are unset or not positive are left out (validation reports those).
+def batch_plan(cfg: DictConfig, roles: Sequence[str], layouts: Sequence[Layout]) -> Optional[BatchPlan]:
+    """The step's batch arithmetic of the enabled `roles` over the given layouts; None when the batch sizes are
+    unset or not positive. Entries whose numbers are unset or not positive are left out (validation reports them).
     """
     prompts, n = _positive(cfg, "data.train_batch_size"), _positive(cfg, "rollout.n")
     if prompts is None or n is None:
@@ -256,37 +245,9 @@ def batch_plan(cfg: DictConfig, layouts: Sequence[Layout]) -> Optional[BatchPlan
         mini = _positive(cfg, f"{role}.ppo_mini_batch_size", "actor.ppo_mini_batch_size")
         micro = _positive(cfg, f"{role}.ppo_micro_batch_size_per_device")
         epochs = _positive(cfg, f"{role}.ppo_epochs", "actor.ppo_epochs")
-        enabled = role == "actor" or critic_enabled(cfg)
-        if enabled and None not in (mini, micro, epochs):
+        if role in roles and None not in (mini, micro, epochs):
             train.append(TrainBatch(role, prompts, mini, n, dps.get(role), micro, epochs))
-    log_prob = []
-    for role, micro_key in MICRO_BATCH_KEYS.items():
-        micro = _positive(cfg, micro_key)
-        if role in dps and micro is not None:
-            log_prob.append(LogProbPass(role, prompts * n, dps[role], micro))
-    return BatchPlan(prompts, n, dps.get("rollout"), tuple(train), tuple(log_prob))
-
-
-def draft_plan(cfg: Any) -> Draft:
-    """Place what can be placed and collect the placement problems (every one, not just the first)."""
-    cfg = as_config(cfg)
-    roles = enabled_roles(cfg)
-    pools, problems = resolve_pools(cfg)
-    role_pool, found = assign_roles(cfg, roles)
-    layouts, layout_problems = resolve_layouts(cfg, role_pool, pools)
-    pool_objs = tuple(
-        Pool(name, tuple(r for r, p in role_pool if p == name), first, size) for name, first, size in pools
-    )
-    return Draft(
-        roles, role_pool, pool_objs, layouts, batch_plan(cfg, layouts), tuple(problems + found + layout_problems)
-    )
-
-
-MICRO_BATCH_KEYS = {
-    "actor": "actor.log_prob_micro_batch_size_per_device",
-    "ref": "ref.log_prob_micro_batch_size_per_device",
-    "critic": "critic.ppo_micro_batch_size_per_device",  # the critic's value pass
-}
+    return BatchPlan(prompts, n, dps.get("rollout"), tuple(train))
 
 
 def _role_plan(cfg: DictConfig, layout: Layout, batch: Optional[BatchPlan]) -> RolePlan:
@@ -297,31 +258,36 @@ def _role_plan(cfg: DictConfig, layout: Layout, batch: Optional[BatchPlan]) -> R
     return RolePlan(role, layout.backend, layout, micro, train, model_path)
 
 
-def plan_of(cfg: DictConfig, draft: Draft, total_steps: Optional[int] = None) -> Plan:
-    """The plan from a draft without errors."""
+def draft_plan(cfg: Any, total_steps: Optional[int] = None) -> Draft:
+    """Place what can be placed and collect the placement problems (every one, not just the first).
+
+    total_steps: the run's training steps when the caller knows them (else trainer.total_steps)."""
+    cfg = as_config(cfg)
+    roles = enabled_roles(cfg)
+    role_pool, found = assign_roles(cfg, roles)
+    pools, problems = resolve_pools(cfg, role_pool)
+    layouts, layout_problems = resolve_layouts(cfg, role_pool, pools)
+    batch = batch_plan(cfg, roles, layouts)
     temperature = value(cfg, "rollout.temperature")
-    return Plan(
+    plan = Plan(
         nnodes=value(cfg, "placement.nnodes"),
         devices_per_node=value(cfg, "placement.devices_per_node"),
         device=str(value(cfg, "placement.device")),
-        pools=draft.pools,
-        role_plans=tuple(_role_plan(cfg, layout, draft.batch) for layout in draft.layouts),
-        batch=draft.batch,
+        pools=pools,
+        role_plans=tuple(_role_plan(cfg, layout, batch) for layout in layouts),
+        batch=batch,
         prompt_length=value(cfg, "data.max_prompt_length"),
         response_length=value(cfg, "rollout.max_new_tokens") or value(cfg, "data.max_response_length"),
         temperature=float(temperature) if temperature else 1.0,
         total_steps=total_steps if total_steps is not None else value(cfg, "trainer.total_steps"),
     )
+    return Draft(roles, role_pool, plan, tuple(problems + found + layout_problems))
 
 
 def make_plan(cfg: Any) -> Tuple[Optional[Plan], List[ConfigProblem]]:
     """The plan, or None when the placement has errors; the placement problems either way."""
-    cfg = as_config(cfg)
     draft = draft_plan(cfg)
-    problems = list(draft.problems)
-    if any(p.severity == "error" for p in problems):
-        return None, problems
-    return plan_of(cfg, draft, None), problems
+    return (None if errors(draft.problems) else draft.plan), list(draft.problems)
 
 
 def build_plan(cfg: Any, total_steps: Optional[int] = None) -> Plan:
@@ -333,9 +299,9 @@ def build_plan(cfg: Any, total_steps: Optional[int] = None) -> Plan:
 
     cfg = as_config(cfg)
     load_plugins(list(value(cfg, "trainer.plugins") or []))
-    draft = draft_plan(cfg)
-    problems = [p for p in draft.problems if p.severity == "error"]
-    if draft.batch is None:
+    draft = draft_plan(cfg, total_steps)
+    problems = errors(draft.problems)
+    if draft.plan.batch is None:
         problems.append(
             ConfigProblem(
                 "data.train_batch_size", "the batch sizes are unset", "set data.train_batch_size and rollout.n"
@@ -343,4 +309,4 @@ def build_plan(cfg: Any, total_steps: Optional[int] = None) -> Plan:
         )
     if problems:
         raise ConfigError(problems)
-    return plan_of(cfg, draft, total_steps)
+    return draft.plan

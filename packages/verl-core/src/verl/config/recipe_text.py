@@ -18,9 +18,6 @@ from verl.config.errors import ConfigProblem
 KeyPath = tuple[str | int, ...]  # str for mapping keys, int for list indices
 
 
-# --------------------------------------------------------------------------- reading the file
-
-
 class RecipeLoader(yaml.SafeLoader):
     """SafeLoader with OmegaConf's scalar rules: `1e-6` is a float, dates stay strings."""
 
@@ -86,10 +83,8 @@ def _yaml_problem(e: yaml.MarkedYAMLError, name: str) -> ConfigProblem:
         message += f" ({e.context})"
     if mark is None:
         return ConfigProblem("", message, location=name)
-    where = _mark(name, mark)
-    return ConfigProblem(
-        "", message, fix=f"fix the YAML at line {mark.line + 1}, column {mark.column + 1}", location=where
-    )
+    fix = f"fix the YAML at line {mark.line + 1}, column {mark.column + 1}"
+    return ConfigProblem("", message, fix=fix, location=_mark(name, mark))
 
 
 def _mark(name: str, mark: yaml.Mark) -> str:
@@ -131,57 +126,43 @@ def _record_locations(
     active.discard(id(node))
 
 
-# --------------------------------------------------------------------------- overrides
-
-
 def parse_all(overrides: Sequence[str]) -> tuple[list[tuple[str, KeyPath, Any]], list[ConfigProblem]]:
-    """Parse every override; the good ones as (text, key path, value), a problem per bad one."""
+    """Parse every `a.b.c=value` override; the good ones as (text, ("a", "b", "c"), value parsed as YAML),
+    a problem naming the override per bad one."""
     parsed, problems = [], []
     for text in overrides:
-        result = _parse_override(text)
-        if isinstance(result, ConfigProblem):
-            problems.append(result)
+        where = f"override '{text}'"
+        key, sep, raw = text.partition("=")
+        key = key.strip()
+        parts = tuple(key.split("."))
+        if text[:1] in ("+", "~"):
+            problems.append(
+                ConfigProblem(
+                    text.lstrip("+~").split("=", 1)[0],
+                    f"'{text[0]}' overrides are not supported: every key must already exist in the schema",
+                    fix="drop the prefix and use KEY=VALUE with a key the schema defines",
+                    location=where,
+                )
+            )
+        elif not sep or not key or any(not part for part in parts):
+            problems.append(
+                ConfigProblem(
+                    key if sep else "",
+                    f"malformed override '{text}': " + ("empty key or key part" if sep else "expected KEY=VALUE"),
+                    fix="write it as KEY=VALUE, e.g. actor.ppo_epochs=2",
+                    location=where,
+                )
+            )
+        elif raw == "":  # `key=` means the empty string, as in Hydra; write key=null for None
+            parsed.append((text, parts, ""))
         else:
-            parsed.append((text, *result))
+            try:
+                parsed.append((text, parts, yaml.load(raw, Loader=RecipeLoader)))
+            except yaml.YAMLError as e:
+                reason = getattr(e, "problem", None) or str(e)
+                message = f"cannot parse value {raw!r} as YAML: {reason}"
+                problems.append(ConfigProblem(key, message, fix="quote the value, e.g. key='text'", location=where))
     return parsed, problems
-
-
-def _parse_override(text: str) -> tuple[KeyPath, Any] | ConfigProblem:
-    """`a.b.c=value` -> (("a", "b", "c"), value parsed as YAML), or a problem naming the override."""
-    where = f"override '{text}'"
-    if text[:1] in ("+", "~"):
-        return ConfigProblem(
-            text.lstrip("+~").split("=", 1)[0],
-            f"'{text[0]}' overrides are not supported: every key must already exist in the schema",
-            fix="drop the prefix and use KEY=VALUE with a key the schema defines",
-            location=where,
-        )
-    key, sep, raw = text.partition("=")
-    key = key.strip()
-    if not sep:
-        return ConfigProblem(
-            "",
-            f"malformed override '{text}': expected KEY=VALUE",
-            fix="write it as KEY=VALUE, e.g. actor.ppo_epochs=2",
-            location=where,
-        )
-    parts = tuple(key.split("."))
-    if not key or any(not part for part in parts):
-        return ConfigProblem(
-            key,
-            f"malformed override '{text}': empty key or key part",
-            fix="write it as KEY=VALUE, e.g. actor.ppo_epochs=2",
-            location=where,
-        )
-    if raw == "":  # `key=` means the empty string, as in Hydra; write key=null for None
-        return parts, ""
-    try:
-        return parts, yaml.load(raw, Loader=RecipeLoader)
-    except yaml.YAMLError as e:
-        reason = getattr(e, "problem", None) or str(e)
-        return ConfigProblem(
-            key, f"cannot parse value {raw!r} as YAML: {reason}", fix="quote the value, e.g. key='text'", location=where
-        )
 
 
 def nest(key_path: KeyPath, value: Any) -> dict:

@@ -1,16 +1,21 @@
 """The run configuration: one dataclass per recipe section.
 
 OmegaConf checks types and unknown keys against these dataclasses. A field's metadata states what its type
-cannot: `one_of(...)` the values it may take, `at_least(n)` its lower bound; `verl.config.validate` checks
-those generically and keeps only the checks across fields (batch sizes that divide, layouts that fit the
-devices, installed backends). Keys that were removed are in `REMOVED_KEYS`, each with what replaces it.
+cannot: `one_of(...)` the values it may take, `at_least(n)` its lower bound, `checked(...)` any other rule on
+its value alone; `verl.config.validate` checks those generically and keeps only the checks across fields
+(batch sizes that divide, layouts that fit the devices, installed backends). Keys that were removed are in
+`REMOVED_KEYS`, each with what replaces it; `field_types`, `strip_optional` and `is_section` read the schema.
 Sizes follow one convention: `*_batch_size` counts prompts, `*_per_device` counts samples on one worker.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from functools import cache
+from typing import Any, Callable, Dict, List, Optional, Union
 
 from omegaconf import MISSING
 
@@ -22,9 +27,39 @@ def one_of(default: Any, *choices: str) -> Any:
     return field(default=default, metadata={"choices": choices})
 
 
+def checked(default: Any, ok: Callable[[Any], bool], message: str, fix: str) -> Any:
+    """A field whose value (when set) must pass `ok`; `message` and `fix` may name {key} and {v} (the value)."""
+    return field(default=default, metadata={"check": (ok, message, fix)})
+
+
 def at_least(default: Any, bound: int) -> Any:
     """A numeric field whose value (when set) must be >= bound."""
-    return field(default=default, metadata={"min": bound})
+    return checked(default, lambda v: v >= bound, f"must be >= {bound}, got {{v}}", f"set {{key}}={bound} or more")
+
+
+def _temperature(default: float) -> Any:
+    """A sampling temperature: >= 0, where 0 is greedy."""
+    return checked(default, lambda v: v >= 0, "must be >= 0, got {v}", "set {key}=0 (greedy) or a positive value")
+
+
+@cache
+def field_types(cls: type) -> Dict[str, Any]:
+    """Field name -> resolved type (this module uses `from __future__ import annotations`, so strings)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def strip_optional(tp: Any) -> Any:
+    """X for Optional[X] and X | None; any other type as it is."""
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+def is_section(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
 # Keys that no longer exist: what a recipe that still sets them should do instead.
@@ -150,10 +185,16 @@ class ActorConfig:
     clip_ratio: float = 0.2
     clip_ratio_low: Optional[float] = None  # None: clip_ratio
     clip_ratio_high: Optional[float] = None  # None: clip_ratio (DAPO clip-higher sets it larger)
-    clip_ratio_c: float = 3.0  # dual-clip bound
-    tis_imp_ratio_cap: Optional[float] = None  # truncated IS weight min(pi_old/pi_rollout, cap); None: off
+    clip_ratio_c: float = checked(3.0, lambda c: c > 1, "the dual-clip bound must be > 1, got {v}", "set {key}=3.0")
+    # truncated IS weight min(pi_old/pi_rollout, cap); None: off
+    tis_imp_ratio_cap: Optional[float] = checked(
+        None, lambda cap: cap > 0, "must be > 0, got {v}", "set it to e.g. 2.0, or null to turn truncated IS off"
+    )
     loss_agg_mode: Any = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
-    loss_norm_length: Optional[int] = None  # seq-mean-token-sum-norm divisor; None: the padded response length
+    # seq-mean-token-sum-norm divisor; None: the padded response length
+    loss_norm_length: Optional[int] = checked(
+        None, lambda n: n >= 1, "must be >= 1, got {v}", "set it to data.max_response_length, or null"
+    )
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
@@ -169,14 +210,16 @@ class RolloutConfig:
     backend: str = "hf"  # hf | vllm | sglang
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # generation layout: tp (and derived dp)
     n: int = at_least(1, 1)  # samples per prompt
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float = _temperature(1.0)
+    top_p: float = checked(
+        1.0, lambda p: 0 < p <= 1, "must be in (0, 1], got {v}", "set {key}=1.0 (off) or a value in (0, 1)"
+    )
     top_k: int = -1  # -1: off
     max_new_tokens: Optional[int] = at_least(None, 1)  # None: data.max_response_length
     gpu_memory_utilization: float = 0.5
     enforce_eager: bool = False
     free_cache_engine: bool = True  # release the KV cache while the actor trains (sleep/wake)
-    val_temperature: float = 0.0  # sampling temperature of validation; 0: greedy
+    val_temperature: float = _temperature(0.0)  # sampling temperature of validation; 0: greedy
 
 
 @dataclass
@@ -230,9 +273,8 @@ class PlacementConfig:
 
 @dataclass
 class TrackingConfig:
-    loggers: List[str] = field(
-        default_factory=lambda: ["console"]
-    )  # console | jsonl | wandb | tensorboard | prometheus
+    # console | jsonl | wandb | tensorboard | prometheus
+    loggers: List[str] = field(default_factory=lambda: ["console"])
     project: str = "verl"
     experiment: str = "run"
     wandb_mode: str = one_of("online", "online", "offline", "disabled")
