@@ -151,6 +151,4 @@ def load_engine(backend: str, kind: str) -> type:
     spec: BackendSpec | None = installed_backends().get(backend)
     if spec is None or spec.kind != kind:
         raise ValueError(f"no installed {kind} backend named '{backend}'; `verl info` lists what is installed")
-    if not spec.engine:
-        raise ValueError(f"the {kind} backend '{backend}' ({spec.package}) does not provide an engine in this version")
     return spec.load("engine")

@@ -63,8 +63,7 @@ class DataProto:
                 self.batch = None  # keep the invariant: no tensor keys <=> batch is None
         self.non_tensor_batch = {k: _as_row_array(k, v) for k, v in (self.non_tensor_batch or {}).items()}
         self.meta_info = dict(self.meta_info or {})
-        tensors = dict(self.batch.items()) if self.batch is not None else {}
-        _check_lengths(tensors, self.non_tensor_batch)
+        _check_lengths(self._tensors(), self.non_tensor_batch)
 
     @classmethod
     def from_dict(
@@ -83,7 +82,7 @@ class DataProto:
                 raise ValueError(f"tensor {key!r} is 0-dimensional; it needs a leading batch dimension")
         # Check before building the TensorDict so the error names the key and both lengths.
         _check_lengths(tensors, non_tensors)
-        return cls(batch=_make_batch(tensors), non_tensor_batch=non_tensors, meta_info=dict(meta_info or {}))
+        return cls(batch=_make_batch(tensors), non_tensor_batch=non_tensors, meta_info=meta_info)
 
     def __len__(self) -> int:
         if self.batch is not None:
@@ -102,7 +101,9 @@ class DataProto:
         return self.batch is not None or bool(self.non_tensor_batch)
 
     def __repr__(self) -> str:
-        tensors = ", ".join(f"{k}: {tuple(v.shape)} {_dtype_name(v.dtype)}" for k, v in self._tensors().items())
+        tensors = ", ".join(
+            f"{k}: {tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}" for k, v in self._tensors().items()
+        )
         arrays = ", ".join(f"{k}: {v.shape} {v.dtype}" for k, v in self.non_tensor_batch.items())
         return (
             f"DataProto(len={len(self)}, batch={{{tensors}}}, non_tensor_batch={{{arrays}}}, "
@@ -143,9 +144,8 @@ class DataProto:
         meta_keys = _key_list(meta_keys or [])
         # Validate everything first so a bad key leaves self untouched.
         popped = self.select(tensor_keys, non_tensor_keys, meta_keys)
-        n = len(self)
         remaining = {k: v for k, v in self._tensors().items() if k not in tensor_keys}
-        self.batch = _make_batch(remaining, self._device(), n)
+        self.batch = _make_batch(remaining, self._device())
         for key in non_tensor_keys:
             del self.non_tensor_batch[key]
         for key in meta_keys:
@@ -156,21 +156,9 @@ class DataProto:
         """Merge the keys of two same-length DataProtos; a key in both must hold equal values."""
         if self.has_rows and other.has_rows and len(self) != len(other):
             raise ValueError(f"union needs equal lengths, got {len(self)} and {len(other)}")
-        tensors = self._tensors()
-        for key, value in other._tensors().items():
-            if key in tensors and not _values_equal(tensors[key], value):
-                raise ValueError(f"union: tensor {key!r} differs between the two DataProtos")
-            tensors[key] = value
-        non_tensors = dict(self.non_tensor_batch)
-        for key, value in other.non_tensor_batch.items():
-            if key in non_tensors and not _values_equal(non_tensors[key], value):
-                raise ValueError(f"union: non-tensor {key!r} differs between the two DataProtos")
-            non_tensors[key] = value
-        meta = dict(self.meta_info)
-        for key, value in other.meta_info.items():
-            if key in meta and not _values_equal(meta[key], value):
-                raise ValueError(f"union: meta_info {key!r} differs: {meta[key]!r} vs {value!r}")
-            meta[key] = value
+        tensors = _union_of("tensor", self._tensors(), other._tensors())
+        non_tensors = _union_of("non-tensor", self.non_tensor_batch, other.non_tensor_batch)
+        meta = _union_of("meta_info", self.meta_info, other.meta_info)
         device = self._device() if self._device() == other._device() else None
         return DataProto(batch=_make_batch(tensors, device), non_tensor_batch=non_tensors, meta_info=meta)
 
@@ -206,12 +194,8 @@ class DataProto:
         if chunks <= 0:
             raise ValueError(f"chunk needs chunks > 0, got {chunks}")
         base, extra = divmod(len(self), chunks)
-        pieces, start = [], 0
-        for i in range(chunks):
-            size = base + (1 if i < extra else 0)
-            pieces.append(self._take(slice(start, start + size)))
-            start += size
-        return pieces
+        bounds = [i * base + min(i, extra) for i in range(chunks + 1)]  # the first `extra` pieces get one more row
+        return [self._take(slice(start, end)) for start, end in zip(bounds, bounds[1:])]
 
     def split(self, split_size: int) -> list[DataProto]:
         """Contiguous pieces of ``split_size`` rows, the last possibly smaller; an empty batch gives one empty piece."""
@@ -253,7 +237,7 @@ class DataProto:
     def to(self, device: torch.device | str) -> DataProto:
         """Move the tensor batch to ``device``; non-tensors and meta_info are unchanged."""
         batch = self.batch.to(device) if self.batch is not None else None
-        return DataProto(batch=batch, non_tensor_batch=dict(self.non_tensor_batch), meta_info=dict(self.meta_info))
+        return DataProto(batch=batch, non_tensor_batch=self.non_tensor_batch, meta_info=self.meta_info)
 
     # ------------------------------------------------------------------ pickling (Ray)
 
@@ -305,14 +289,10 @@ class DataProto:
 # ---------------------------------------------------------------------- helpers
 
 
-def _make_batch(
-    tensors: dict[str, torch.Tensor], device: torch.device | None = None, n: int | None = None
-) -> TensorDict | None:
+def _make_batch(tensors: dict[str, torch.Tensor], device: torch.device | None = None) -> TensorDict | None:
     if not tensors:
         return None
-    if n is None:
-        n = len(next(iter(tensors.values())))
-    return TensorDict(tensors, batch_size=[n], device=device)
+    return TensorDict(tensors, batch_size=[len(next(iter(tensors.values())))], device=device)
 
 
 def _as_row_array(key: str, value: Any) -> np.ndarray:
@@ -338,6 +318,17 @@ def _check_lengths(tensors: dict[str, torch.Tensor], non_tensors: dict[str, np.n
                 reference = (f"{kind} {key!r}", length)
             elif length != reference[1]:
                 raise ValueError(f"{kind} {key!r} has length {length}, but {reference[0]} has length {reference[1]}")
+
+
+def _union_of(kind: str, ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(ours)
+    for key, value in theirs.items():
+        if key in merged and not _values_equal(merged[key], value):
+            # Show meta values (small by nature); tensors and arrays would flood the message.
+            detail = f": {merged[key]!r} vs {value!r}" if kind == "meta_info" else " between the two DataProtos"
+            raise ValueError(f"union: {kind} {key!r} differs{detail}")
+        merged[key] = value
+    return merged
 
 
 def _key_list(keys: str | Iterable[str]) -> list[str]:
@@ -372,10 +363,7 @@ def _normalize_index(index: RowIndex, n: int) -> slice | np.ndarray:
         if step > 0:
             return slice(start, stop, step)
         return np.arange(start, stop, step, dtype=np.int64)  # torch cannot view with a negative step
-    if isinstance(index, torch.Tensor):
-        array = index.detach().cpu().numpy()
-    else:
-        array = np.asarray(index)
+    array = index.detach().cpu().numpy() if isinstance(index, torch.Tensor) else np.asarray(index)
     if array.ndim != 1:
         raise IndexError(f"row indices must be 1-D, got shape {array.shape}")
     if array.dtype == np.bool_:
@@ -430,7 +418,3 @@ def _values_equal(a: Any, b: Any) -> bool:
         return bool(a == b)
     except (TypeError, ValueError):
         return False
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")

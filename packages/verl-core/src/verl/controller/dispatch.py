@@ -53,8 +53,8 @@ class DispatchInfo:
 
 SPEC_ATTR = "__verl_dispatch__"
 
-# One call's arguments for one rank; None where the rank does not run.
-RankCall = tuple[tuple, dict] | None
+# One call's arguments for one rank.
+RankCall = tuple[tuple, dict]
 
 
 def register(dispatch: Dispatch = Dispatch.ONE_TO_ALL, *, mesh: str = "train") -> Callable:
@@ -82,21 +82,15 @@ def register(dispatch: Dispatch = Dispatch.ONE_TO_ALL, *, mesh: str = "train") -
     return decorate
 
 
-def method_spec(cls: type, name: str) -> MethodSpec | None:
-    """The registration of `cls.name`: the nearest decorated definition along the MRO, else None."""
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            spec = getattr(klass.__dict__[name], SPEC_ATTR, None)
-            if spec is not None:
-                return spec
-    return None
-
-
 def registered_methods(cls: type) -> dict[str, MethodSpec]:
-    """Every registered method of a worker class, by name."""
-    names = {name for klass in cls.__mro__ for name in klass.__dict__ if not name.startswith("__")}
-    specs = {name: method_spec(cls, name) for name in sorted(names)}
-    return {name: spec for name, spec in specs.items() if spec is not None}
+    """Every registered method of a worker class, by name: the nearest decorated definition along the MRO."""
+    specs = {}
+    for klass in reversed(cls.__mro__):  # nearer classes come later, so their registrations win
+        for name, value in vars(klass).items():
+            spec = getattr(value, SPEC_ATTR, None)
+            if spec is not None and not name.startswith("__"):
+                specs[name] = spec
+    return dict(sorted(specs.items()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,17 +134,25 @@ def read_dispatch_infos(role: str, infos: Sequence[Mapping[str, Any]]) -> list[D
 
 
 # ---------------------------------------------------------------------------------------------
-# Split: what each rank is called with
+# Split and gather
 # ---------------------------------------------------------------------------------------------
 
 
-def _split_one_to_all(label: str, args: tuple, kwargs: dict, world: int, infos: Any) -> list[RankCall]:
-    return [(args, kwargs) for _ in range(world)]
-
-
-def _split_dp_compute(
-    label: str, args: tuple, kwargs: dict, world: int, infos: Sequence[DispatchInfo]
+def split(
+    dispatch: Dispatch,
+    label: str,
+    args: tuple,
+    kwargs: dict,
+    world_size: int,
+    infos: Sequence[DispatchInfo] | None = None,
 ) -> list[RankCall]:
+    """Each rank's (args, kwargs) for one call; `label` names the call in errors ("role.method").
+
+    ONE_TO_ALL: the same arguments to every rank. DP_COMPUTE: the first argument (a DataProto) split into
+    one chunk per dp rank by the ranks' `infos`, each rank given its dp rank's chunk.
+    """
+    if dispatch is Dispatch.ONE_TO_ALL:
+        return [(args, kwargs)] * world_size
     if not args or not isinstance(args[0], DataProto):
         got = type(args[0]).__name__ if args else "no positional argument"
         raise TypeError(f"{label} is DP_COMPUTE: its first positional argument must be a DataProto, got {got}")
@@ -166,39 +168,14 @@ def _split_dp_compute(
     return [((chunks[info.dp_rank], *rest), kwargs) for info in infos]
 
 
-SPLITTERS: dict[Dispatch, Callable[..., list[RankCall]]] = {
-    Dispatch.ONE_TO_ALL: _split_one_to_all,
-    Dispatch.DP_COMPUTE: _split_dp_compute,
-}
+def gather(dispatch: Dispatch, label: str, results: Sequence[Any], infos: Sequence[DispatchInfo] | None = None) -> Any:
+    """The driver's result from every rank's result (`results[rank]`).
 
-
-def split(
-    dispatch: Dispatch,
-    label: str,
-    args: tuple,
-    kwargs: dict,
-    world_size: int,
-    infos: Sequence[DispatchInfo] | None = None,
-) -> list[RankCall]:
-    """Each rank's (args, kwargs) for one call, or None where the rank does not run.
-
-    `label` names the call in errors ("role.method"); `infos` is needed for DP_COMPUTE only.
+    ONE_TO_ALL: the list of every rank's result. DP_COMPUTE: the collect ranks' results ordered by dp rank,
+    concatenated when they are all DataProtos, else a list.
     """
-    if dispatch is Dispatch.DP_COMPUTE and infos is None:
-        raise ValueError(f"{label}: DP_COMPUTE needs the ranks' dispatch infos")
-    return SPLITTERS[dispatch](label, args, kwargs, world_size, infos)
-
-
-# ---------------------------------------------------------------------------------------------
-# Gather: what the driver gets back
-# ---------------------------------------------------------------------------------------------
-
-
-def _gather_all(label: str, results: Sequence[Any], infos: Any) -> list:
-    return list(results)
-
-
-def _gather_dp_compute(label: str, results: Sequence[Any], infos: Sequence[DispatchInfo]) -> Any:
+    if dispatch is Dispatch.ONE_TO_ALL:
+        return list(results)
     collected = sorted((info.dp_rank, rank) for rank, info in enumerate(infos) if info.collect)
     outputs = [results[rank] for _, rank in collected]
     if outputs and all(isinstance(out, DataProto) for out in outputs):
@@ -207,18 +184,3 @@ def _gather_dp_compute(label: str, results: Sequence[Any], infos: Sequence[Dispa
         except ValueError as err:
             raise ValueError(f"{label}: the dp ranks' DataProtos cannot be concatenated: {err}") from err
     return outputs
-
-
-GATHERERS: dict[Dispatch, Callable[..., Any]] = {
-    Dispatch.ONE_TO_ALL: _gather_all,
-    Dispatch.DP_COMPUTE: _gather_dp_compute,
-}
-
-
-def gather(dispatch: Dispatch, label: str, results: Sequence[Any], infos: Sequence[DispatchInfo] | None = None) -> Any:
-    """The driver's result from every rank's result (`results[rank]`; entries of ranks that did not run are ignored).
-
-    DP_COMPUTE: the collect ranks' results ordered by dp rank, concatenated when they are all DataProtos,
-    else a list. ONE_TO_ALL: the list of every rank's result.
-    """
-    return GATHERERS[dispatch](label, results, infos)

@@ -35,17 +35,11 @@ def init_ray(
                 f"init_ray: num_cpus/num_gpus size a new local cluster, but address={address!r} connects to an "
                 "existing one (its nodes set their resources); drop them or unset the address / RAY_ADDRESS"
             )
-        ray.init(address=address, log_to_driver=log_to_driver, runtime_env=runtime_env)
-        return True
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(
-        address="local",
-        num_cpus=num_cpus,
-        num_gpus=num_gpus,
-        include_dashboard=False,
-        log_to_driver=log_to_driver,
-        runtime_env=runtime_env,
-    )
+        new_cluster = {}
+    else:
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        address, new_cluster = "local", {"num_cpus": num_cpus, "num_gpus": num_gpus, "include_dashboard": False}
+    ray.init(address=address, log_to_driver=log_to_driver, runtime_env=runtime_env, **new_cluster)
     return True
 
 

@@ -58,7 +58,6 @@ class ResourcePool:
     device: str = "cpu"
     cpus_per_device: float = 1.0  # CPUs reserved with each device (with each worker slot on CPU pools)
     node_devices: tuple[int, ...] | None = None
-    _placement_groups: list[PlacementGroup] | None = field(default=None, init=False, repr=False, compare=False)
     _slots: list[Slot] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -105,16 +104,14 @@ class ResourcePool:
                     f"ResourcePool '{self.name}': Ray is not running; call verl.controller.init_ray() first "
                     "(or use the local controller, trainer.controller=local)"
                 )
-            groups = self._reserve(timeout_s)
-            self._placement_groups = groups
-            self._slots = _slots_of(groups)
+            self._slots = _slots_of(self._reserve(timeout_s))
         return list(self._slots)
 
     def remove(self) -> None:
         """Release the reservation (worker groups on this pool should be shut down first)."""
-        for pg in self._placement_groups or []:
+        for pg in dict.fromkeys(slot.placement_group for slot in self._slots or []):  # each node's group once
             remove_placement_group(pg)
-        self._placement_groups, self._slots = None, None
+        self._slots = None
 
     def _reserve(self, timeout_s: float) -> list[PlacementGroup]:
         # Unnamed: Ray requires placement group names to be unique, and two runs may use the same pool name.

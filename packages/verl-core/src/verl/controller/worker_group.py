@@ -95,11 +95,6 @@ def payload_bytes(value: Any) -> int:
     return 0
 
 
-def check_worker_cls(worker_cls: type) -> None:
-    if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
-        raise TypeError(f"worker_cls must be a subclass of verl.controller.Worker, got {worker_cls!r}")
-
-
 class WorkerGroup:
     """The ranks of one worker class, called as one: `call` for registered methods, `call_all` for any."""
 
@@ -167,7 +162,7 @@ class WorkerGroup:
 
     def _run(self, name: str, per_rank: list[RankCall]) -> list:
         self.stats.calls += 1
-        self.stats.bytes_sent += sum(payload_bytes(call) for call in per_rank if call is not None)
+        self.stats.bytes_sent += payload_bytes(per_rank)
         results = self.executor.run(self.role, name, per_rank)
         self.stats.bytes_received += payload_bytes(results)
         return results
@@ -183,9 +178,9 @@ class WorkerGroup:
 # ---------------------------------------------------------------------------------------------
 
 
-def collect(role: str, method: str, refs: Sequence[ray.ObjectRef | None]) -> list:
-    """Every rank's result (None where it did not run); WorkerError naming each rank that failed."""
-    rank_of = {ref: rank for rank, ref in enumerate(refs) if ref is not None}
+def collect(role: str, method: str, refs: Sequence[ray.ObjectRef]) -> list:
+    """Every rank's result; WorkerError naming each rank that failed."""
+    rank_of = {ref: rank for rank, ref in enumerate(refs)}
     results: list[Any] = [None] * len(refs)
     tracebacks: dict[int, str] = {}
     causes: dict[int, BaseException | None] = {}
@@ -231,7 +226,7 @@ def rendezvous_address(slot: Slot) -> tuple[str, int]:
 
 def _put_shared(per_rank: list[RankCall]) -> list[RankCall]:
     """Put an argument passed to several ranks into the object store once (else Ray serializes it per rank)."""
-    values = [v for call in per_rank if call is not None for v in (*call[0], *call[1].values())]
+    values = [v for args, kwargs in per_rank for v in (*args, *kwargs.values())]
     uses = Counter(id(v) for v in values)
     refs: dict[int, ray.ObjectRef] = {}
 
@@ -242,10 +237,7 @@ def _put_shared(per_rank: list[RankCall]) -> list[RankCall]:
             refs[id(value)] = ray.put(value)
         return refs[id(value)]
 
-    return [
-        None if call is None else (tuple(share(v) for v in call[0]), {k: share(v) for k, v in call[1].items()})
-        for call in per_rank
-    ]
+    return [(tuple(share(v) for v in args), {k: share(v) for k, v in kwargs.items()}) for args, kwargs in per_rank]
 
 
 def _check_env(env: dict[str, str] | None) -> None:
@@ -312,8 +304,8 @@ class RayExecutor:
 
     def run(self, role: str, method: str, per_rank: list[RankCall]) -> list:
         refs = [
-            None if call is None else getattr(actor, method).remote(*call[0], **call[1])
-            for actor, call in zip(self.actors, _put_shared(per_rank))
+            getattr(actor, method).remote(*args, **kwargs)
+            for actor, (args, kwargs) in zip(self.actors, _put_shared(per_rank))
         ]
         return collect(role, method, refs)
 
@@ -373,8 +365,6 @@ class LocalExecutor:
     def run(self, role: str, method: str, per_rank: list[RankCall]) -> list:
         """Call the worker method by value (deep copies in and out, like a Ray round trip)."""
         (call,) = per_rank
-        if call is None:
-            return [None]
         args, kwargs = copy.deepcopy(call)
         try:
             result = getattr(self.worker, method)(*args, **kwargs)
@@ -408,7 +398,8 @@ def make_worker_group(
     (mode='local'), as trainer.controller says. `resource_fraction` of each device (Ray only) lets groups share it."""
     if mode not in EXECUTORS:
         raise ValueError(f"unknown controller mode {mode!r}; choose one of {', '.join(EXECUTORS)} (trainer.controller)")
-    check_worker_cls(worker_cls)
+    if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
+        raise TypeError(f"worker_cls must be a subclass of verl.controller.Worker, got {worker_cls!r}")
     options = {"resource_fraction": resource_fraction} if mode == "ray" else {}
     executor = EXECUTORS[mode](pool, worker_cls, args, kwargs, role=role, env=env, **options)
     return WorkerGroup(executor, worker_cls, role)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from verl.data.rows import MESSAGES_FORMAT, check_messages, read_columns, render_prompts
 from verl.embedded.arithmetic import resolve_data_files
@@ -50,15 +51,11 @@ class RLDataset:
         self.files = resolve_data_files(files, cache_dir)
         if not self.files:
             raise ValueError("RLDataset needs at least one data file; got an empty list")
-        self.prompt_ids: list[list[int]] = []
-        self.raw_prompts: list[str] = []
-        self.ground_truths: list[Any] = []
-        self.data_sources: list[str] = []
-        self.extra_infos: list[dict[str, Any]] = []
+        self.rows: list[dict[str, Any]] = []  # input_ids (a list), raw_prompt, ground_truth, data_source, extra_info
         self.n_filtered = 0
         for path in self.files:
             self._load(path, tokenizer, prompt_key, filter_overlong_prompts)
-        if not self.prompt_ids:
+        if not self.rows:
             raise ValueError(
                 f"no prompts left in {self.files}: all are longer than max_prompt_length={max_prompt_length} tokens"
             )
@@ -73,7 +70,7 @@ class RLDataset:
         extra_infos = columns.get("extra_info") or [None] * n_rows
         n_dropped = 0
         for i in range(n_rows):
-            ground_truth = _ground_truth(columns["reward_model"][i], path, i)
+            truth = _ground_truth(columns["reward_model"][i], path, i)
             data_source = columns["data_source"][i]
             if not isinstance(data_source, str):
                 raise ValueError(f"{path}: row {i}: column 'data_source' must be a str, got {data_source!r}")
@@ -88,11 +85,8 @@ class RLDataset:
                     )
                 n_dropped += 1
                 continue
-            self.prompt_ids.append(ids[i])
-            self.raw_prompts.append(texts[i])
-            self.ground_truths.append(ground_truth)
-            self.data_sources.append(data_source)
-            self.extra_infos.append(dict(extra_infos[i] or {}))
+            row = {"input_ids": ids[i], "raw_prompt": texts[i], "ground_truth": truth, "data_source": data_source}
+            self.rows.append({**row, "extra_info": dict(extra_infos[i] or {})})
         self.n_filtered += n_dropped
         if n_dropped:
             logger.warning(
@@ -104,21 +98,15 @@ class RLDataset:
             )
 
     def __len__(self) -> int:
-        return len(self.prompt_ids)
+        return len(self.rows)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         """One prompt; `index` is its position in this data set (extra_info keeps the file's own index)."""
         if not -len(self) <= index < len(self):
             raise IndexError(f"index {index} out of range for an RLDataset of {len(self)} prompts")
         index = index % len(self)
-        return {
-            "input_ids": torch.tensor(self.prompt_ids[index], dtype=torch.long),
-            "raw_prompt": self.raw_prompts[index],
-            "ground_truth": self.ground_truths[index],
-            "data_source": self.data_sources[index],
-            "extra_info": self.extra_infos[index],
-            "index": index,
-        }
+        row = self.rows[index]
+        return {**row, "input_ids": torch.tensor(row["input_ids"], dtype=torch.long), "index": index}
 
 
 def _ground_truth(reward_model: Any, path: str, row: int) -> Any:
@@ -141,15 +129,12 @@ def collate_rl(items: Sequence[dict[str, Any]], tokenizer: Any, max_prompt_lengt
     pad_id = tokenizer.pad_token_id
     if pad_id is None:
         raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
-    lengths = [len(item["input_ids"]) for item in items]
-    width = max(lengths)
+    width = max(len(item["input_ids"]) for item in items)
     if width > max_prompt_length:
         raise ValueError(f"a prompt has {width} tokens, more than max_prompt_length={max_prompt_length}")
-    input_ids = torch.full((len(items), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(items), width), dtype=torch.long)
-    for row, (item, length) in enumerate(zip(items, lengths)):
-        input_ids[row, width - length :] = item["input_ids"]
-        attention_mask[row, width - length :] = 1
+    ids = [torch.as_tensor(item["input_ids"], dtype=torch.long) for item in items]
+    input_ids = pad_sequence(ids, batch_first=True, padding_value=pad_id, padding_side="left")
+    attention_mask = pad_sequence([torch.ones_like(t) for t in ids], batch_first=True, padding_side="left")
     position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
     keys = ("raw_prompt", "ground_truth", "data_source", "extra_info", "index")
     return DataProto.from_dict(

@@ -34,13 +34,7 @@ class ResumableSampler:
                 f"batch_size={batch_size} is larger than the data set ({n} rows), so drop_last leaves no batch; "
                 "lower the batch size or use more data"
             )
-        self.n, self.batch_size, self.shuffle, self.seed, self.drop_last = (
-            n,
-            batch_size,
-            shuffle,
-            seed,
-            drop_last,
-        )
+        self.n, self.batch_size, self.shuffle, self.seed, self.drop_last = n, batch_size, shuffle, seed, drop_last
         self.epoch = 0
         self.position = 0  # batches taken in the current epoch
         self._order: tuple[int, list[int]] | None = None  # (epoch, row order) of the last epoch used
@@ -98,9 +92,5 @@ class ResumableSampler:
             raise ValueError(f"sampler state lacks {missing}; expected the dict from ResumableSampler.state_dict()")
         if not 0 <= state["position"] < self.steps_per_epoch:
             raise ValueError(f"sampler state position={state['position']} is outside 0..{self.steps_per_epoch - 1}")
-        self.epoch, self.position, self.seed = (
-            int(state["epoch"]),
-            int(state["position"]),
-            int(state["seed"]),
-        )
+        self.epoch, self.position, self.seed = int(state["epoch"]), int(state["position"]), int(state["seed"])
         self._order = None

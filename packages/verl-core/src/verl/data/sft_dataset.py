@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from verl.data.rows import MESSAGES_FORMAT, check_messages, read_columns, render_prompts
 from verl.embedded.arithmetic import resolve_data_files
@@ -112,15 +113,10 @@ def collate_sft(items: Sequence[dict[str, torch.Tensor]], pad_id: int) -> dict[s
     """
     if not items:
         raise ValueError("collate_sft needs at least one item")
-    width = max(len(item["input_ids"]) for item in items)
-    input_ids = torch.full((len(items), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(items), width), dtype=torch.long)
-    loss_mask = torch.zeros((len(items), width), dtype=torch.long)
-    for row, item in enumerate(items):
-        length = len(item["input_ids"])
-        input_ids[row, :length] = item["input_ids"]
-        attention_mask[row, :length] = 1
-        loss_mask[row, :length] = item["loss_mask"]
+    ids = [item["input_ids"] for item in items]
+    input_ids = pad_sequence(ids, batch_first=True, padding_value=pad_id)
+    attention_mask = pad_sequence([torch.ones_like(t) for t in ids], batch_first=True)
+    loss_mask = pad_sequence([item["loss_mask"] for item in items], batch_first=True)
     position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
     return {
         "input_ids": input_ids,

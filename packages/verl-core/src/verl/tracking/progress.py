@@ -16,16 +16,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
 
-from verl.tracking.console import format_value
+from verl.tracking.console import HEADLINE, format_value
 from verl.tracking.values import to_float
 
 __all__ = ["Progress", "format_eta"]
 
-FIELDS = (  # (field, column label, metric keys in preference order)
-    ("reward", "reward", ("reward/score/mean",)),
-    ("kl", "kl", ("actor/kl", "actor/ppo_kl")),
-    ("tokens_per_s", "tok/s", ("perf/tokens_per_s",)),
-)
+# The console line's reward, KL and tokens/s slots: (label, metric keys in preference order).
+FIELDS = tuple((label, keys) for label, keys in HEADLINE if label in ("reward", "kl", "tok/s"))
 
 
 def format_eta(seconds: float | None) -> str:
@@ -58,14 +55,12 @@ class Progress:
                 TextColumn("step"),
                 MofNCompleteColumn(),
                 BarColumn(),
-                *(TextColumn(f"{label} {{task.fields[{field}]}}") for field, label, _ in FIELDS),
+                *(TextColumn(f"{label} {{task.fields[{label}]}}") for label, _ in FIELDS),
                 TextColumn("ETA {task.fields[eta]}"),
                 TimeElapsedColumn(),
                 console=console,
             )
-            self._task = self._bar.add_task(
-                "train", total=total_steps, eta="?", **{field: "-" for field, _, _ in FIELDS}
-            )
+            self._task = self._bar.add_task("train", total=total_steps, eta="?", **{label: "-" for label, _ in FIELDS})
             self._bar.start()
 
     def update(self, step: int, metrics: Mapping[str, Any] | None = None) -> None:
@@ -76,11 +71,11 @@ class Progress:
         if self._first is None:
             self._first = (step, now)
         fields = {}
-        for field, _, keys in FIELDS:
+        for label, keys in FIELDS:
             key = next((k for k in keys if k in (metrics or {})), None)
             if key is not None:
                 value = to_float(metrics[key])
-                fields[field] = "-" if value is None else format_value(value)
+                fields[label] = "-" if value is None else format_value(value)
         self._bar.update(self._task, completed=step, eta=format_eta(self.eta(step, now)), **fields)
 
     def eta(self, step: int, now: float) -> float | None:

@@ -64,14 +64,9 @@ class PrometheusLogger:
 
     def _new_gauge(self, key: str) -> Any:
         name = prometheus_name(key)
-        if name in self._owners or name == PREFIX + "step":
-            if self._owners.get(name) != key:
-                logger.warning(
-                    "metric %r is not exported to Prometheus: its name %s is taken by %r",
-                    key,
-                    name,
-                    self._owners.get(name, "the step gauge"),
-                )
+        if name in self._owners or name == PREFIX + "step":  # (never this key's own: it would have its gauge)
+            owner = self._owners.get(name, "the step gauge")
+            logger.warning("metric %r is not exported to Prometheus: its name %s is taken by %r", key, name, owner)
             self._gauges[key] = None  # warned once; skipped from now on
             return None
         self._owners[name] = key

@@ -62,13 +62,11 @@ class CheckpointManager:
             f.flush()
             os.fsync(f.fileno())
         final = self.path(step)
+        old = f"{final}.old-{uuid.uuid4().hex[:8]}"
         if os.path.exists(final):  # re-saving a step (e.g. after resuming from it): move the old one aside first
-            old = final + f".old-{uuid.uuid4().hex[:8]}"
             os.replace(final, old)
-            os.replace(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)  # (absent unless the step was saved before)
         self._fsync_dir(self.root)
         self._prune()
         return final

@@ -223,8 +223,8 @@ class PPOTrainer:
             b["response_mask"],
             config=self.cfg.algorithm,
             index=batch.non_tensor_batch["uid"],
-            values=b["values"] if "values" in b.keys() else None,
-            reward_baselines=b["reward_baselines"] if "reward_baselines" in b.keys() else None,
+            values=b.get("values"),
+            reward_baselines=b.get("reward_baselines"),
         )
         return metrics
 
@@ -271,7 +271,7 @@ class PPOTrainer:
                 token_level_rewards=b["token_level_rewards"],
                 advantages=b["advantages"],
                 returns=b["returns"],
-                values=b["values"] if "values" in b.keys() else None,
+                values=b.get("values"),
                 max_response_length=b["responses"].shape[1],
             )
         )
@@ -383,11 +383,8 @@ class PPOTrainer:
             shutdown_ray()
 
 
-def _mean_over_ranks(per_rank: Any) -> Dict[str, float]:
-    if isinstance(per_rank, dict):
-        return per_rank
-    keys = per_rank[0].keys()
-    return {k: float(np.mean([r[k] for r in per_rank])) for k in keys}
+def _mean_over_ranks(per_rank: List[Dict[str, float]]) -> Dict[str, float]:
+    return {k: float(np.mean([r[k] for r in per_rank])) for k in per_rank[0]}
 
 
 def format_summary(name: str, s: Dict[str, Any]) -> str:

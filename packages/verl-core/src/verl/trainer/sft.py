@@ -101,8 +101,7 @@ def run_sft(cfg: SFTConfig) -> Dict[str, float]:
         group.call(SFTWorker.init_model)
         start = time.perf_counter()
         for step in range(1, cfg.steps + 1):
-            per_rank = group.call(SFTWorker.train_step, engine_batch(loader.next_batch()))
-            metrics = per_rank[0] if isinstance(per_rank, list) else per_rank
+            (metrics,) = group.call(SFTWorker.train_step, engine_batch(loader.next_batch()))  # one dp rank
             if step % cfg.log_every == 0 or step == cfg.steps:
                 print(
                     f"sft step {step}/{cfg.steps}: loss {metrics['loss']:.4f} ({time.perf_counter() - start:.0f} s)",

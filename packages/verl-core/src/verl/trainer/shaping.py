@@ -38,5 +38,4 @@ def informative_groups(batch: DataProto, metric: str) -> Tuple[DataProto, int]:
 
 def first_groups(parts: List[DataProto], n: int, groups: int) -> DataProto:
     """The first `groups` groups of n adjacent samples from `parts`, concatenated."""
-    batch = DataProto.concat(parts)
-    return batch[: groups * n]
+    return DataProto.concat(parts)[: groups * n]

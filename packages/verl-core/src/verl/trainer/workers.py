@@ -18,10 +18,14 @@ class Workers:
     critic: Optional[Any]  # a worker group of CriticWorker, when the run has a critic
     pools: List[Any] = field(default_factory=list)  # the run's resource pools, released at shutdown
 
+    @property
+    def groups(self) -> List[Any]:
+        return [g for g in (self.actor_rollout, self.critic) if g is not None]
+
     def take_stats(self) -> Dict[str, float]:
         """Round trips to the workers and bytes shipped each way since the last take, over every group:
         perf/worker_calls, perf/worker_bytes_sent, perf/worker_bytes_received."""
-        stats = [g.take_stats() for g in (self.actor_rollout, self.critic) if g is not None]
+        stats = [g.take_stats() for g in self.groups]
         return {
             "perf/worker_calls": float(sum(s.calls for s in stats)),
             "perf/worker_bytes_sent": float(sum(s.bytes_sent for s in stats)),
@@ -30,9 +34,8 @@ class Workers:
 
     def shutdown(self) -> None:
         """Stop the workers, then release their pools' reservations (another run in this Ray session needs them)."""
-        for group in (self.actor_rollout, self.critic):
-            if group is not None:
-                group.shutdown()
+        for group in self.groups:
+            group.shutdown()
         for pool in self.pools:
             pool.remove()
         self.pools = []
@@ -53,31 +56,15 @@ def start_workers(cfg: Any, plan: Plan, *, model_path: str, tokenizer_path: Opti
     env = {}
     if plan.device == "cpu":
         env["OMP_NUM_THREADS"] = _threads_per_worker(plan, 2 if shared else 1)
-    actor_rollout = make_worker_group(
-        mode,
-        pools[plan.pool("actor").name],
-        ActorRolloutRefWorker,
-        cfg,
-        plan,
-        model_path,
-        tokenizer_path,
-        role="actor_rollout",
-        env=env,
-        resource_fraction=fraction,
-    )
-    critic = None
-    if plan.has("critic"):
-        critic = make_worker_group(
-            mode,
-            pools[plan.pool("critic").name],
-            CriticWorker,
-            cfg,
-            plan,
-            model_path,
-            role="critic",
-            env=env,
-            resource_fraction=fraction,
+
+    def group(worker_cls: type, pool_of: str, *args: Any, role: str) -> Any:
+        pool = pools[plan.pool(pool_of).name]
+        return make_worker_group(
+            mode, pool, worker_cls, cfg, plan, model_path, *args, role=role, env=env, resource_fraction=fraction
         )
+
+    actor_rollout = group(ActorRolloutRefWorker, "actor", tokenizer_path, role="actor_rollout")
+    critic = group(CriticWorker, "critic", role="critic") if plan.has("critic") else None
     actor_rollout.call(ActorRolloutRefWorker.init_model)
     actor_rollout.refresh_dispatch_info("rollout")  # the layouts, read now rather than in the first step
     if critic is not None:

@@ -106,14 +106,11 @@ class ActorRolloutRefWorker(Worker):
         """old_log_probs under the current actor, and ref_log_probs when this worker holds the reference: one
         call for both (entropy is measured in the update, where it is used)."""
         plan, out = self.plan, {}
-        if self.actor is not None:
-            infer = self.actor.infer(
-                batch, micro_batch_size=plan.role("actor").micro_batch, temperature=plan.temperature
-            )
-            out["old_log_probs"] = infer.batch["log_probs"]
-        if self.ref is not None:
-            infer = self.ref.infer(batch, micro_batch_size=plan.role("ref").micro_batch, temperature=plan.temperature)
-            out["ref_log_probs"] = infer.batch["log_probs"]
+        for key, role in (("old_log_probs", "actor"), ("ref_log_probs", "ref")):
+            engine = getattr(self, role)
+            if engine is not None:
+                infer = engine.infer(batch, micro_batch_size=plan.role(role).micro_batch, temperature=plan.temperature)
+                out[key] = infer.batch["log_probs"]
         return DataProto.from_dict(out)
 
     @register(Dispatch.DP_COMPUTE)

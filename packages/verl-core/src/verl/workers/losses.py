@@ -22,7 +22,7 @@ def actor_loss_fn(actor_cfg) -> LossFn:
         b = mb.batch
         mask = b["response_mask"].to(out["log_probs"].device)
         log_prob = out["log_probs"]
-        rollout_lp = b["rollout_log_probs"] if "rollout_log_probs" in b.keys() else None
+        rollout_lp = b.get("rollout_log_probs")
         pg_loss, pg_metrics = compute_policy_loss(
             actor_cfg.policy_loss,
             b["old_log_probs"],
