@@ -27,6 +27,7 @@ model: {path: embedded:tiny-llama}
 data: {train_files: ["embedded:arithmetic"], train_batch_size: 16}
 actor: {ppo_mini_batch_size: 4}
 rollout: {n: 4}
+reward: {fn: arithmetic}
 placement: {nnodes: 1, devices_per_node: 2, device: cpu}
 """
 

@@ -440,3 +440,22 @@ def test_a_role_that_does_not_run_is_not_checked():
     assert check({"critic": {"ppo_epochs": 0}}) == []  # grpo: no critic
     p = only(check({"critic": {"ppo_epochs": 0}, "algorithm": {"adv_estimator": "gae"}}))
     assert p.key == "critic.ppo_epochs" and "must be >= 1" in p.message
+
+
+def test_every_number_in_the_schema_has_a_declared_range():
+    """Each int and float key states its range in the schema (`at_least`, `positive`, `fraction`, `checked`, or
+    `size` for the placement arithmetic's sizes), so a negative or out-of-range value is refused generically."""
+    import dataclasses
+
+    from verl.config.schema import VerlConfig, field_types, is_section, strip_optional
+
+    def numbers(schema, prefix=""):
+        for f in dataclasses.fields(schema):
+            tp = strip_optional(field_types(schema)[f.name])
+            if is_section(tp):
+                yield from numbers(tp, f"{prefix}{f.name}.")
+            elif tp in (int, float) or getattr(tp, "__args__", None) in ((int,), (float,)):
+                yield f"{prefix}{f.name}", f.metadata
+
+    undeclared = [key for key, meta in numbers(VerlConfig) if not {"check", "choices", "checked_by"} & set(meta)]
+    assert undeclared == []

@@ -74,7 +74,7 @@ def test_a_spec_of_the_wrong_type():
         ({"actor": {"clip_ratio_high": -0.1}}, "actor.clip_ratio_high", ">= 0"),
         ({"actor": {"tis_imp_ratio_cap": 0.0}}, "actor.tis_imp_ratio_cap", "> 0"),
         ({"actor": {"loss_norm_length": 0}}, "actor.loss_norm_length", ">= 1"),
-        ({"algorithm": {"kl_ctrl": {"type": "adaptive", "horizon": 0}}}, "algorithm.kl_ctrl.horizon", "positive"),
+        ({"algorithm": {"kl_ctrl": {"type": "adaptive", "horizon": 0}}}, "algorithm.kl_ctrl.horizon", ">= 1"),
         ({"algorithm": {"overlong_buffer": {"enable": True, "len": 0}}}, "algorithm.overlong_buffer.len", "[1, data"),
         (
             {"algorithm": {"overlong_buffer": {"enable": True, "len": 600}}, "data": {"max_response_length": 512}},

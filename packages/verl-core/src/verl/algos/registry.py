@@ -125,6 +125,7 @@ class Registry:
     def _from_target(self, spec: Mapping, key: str) -> Callable[..., Any]:
         from omegaconf import DictConfig, OmegaConf
 
+        from verl.config.errors import ConfigError, ConfigProblem
         from verl.config.instantiate import instantiate, resolve_target  # lazy: keeps this module light
 
         if isinstance(spec, DictConfig):  # user code gets plain values
@@ -135,10 +136,23 @@ class Registry:
                 f"{where}a {self.kind} given as a mapping needs '_target_' (pkg.module.fn), got keys {list(spec)}"
             )
         kwargs = {k: v for k, v in spec.items() if k != "_target_"}
+        target_key = f"{key}._target_" if key else "_target_"
+        target = spec["_target_"]
+        if not callable(target):
+            target = resolve_target(target, key=target_key)
+            if not callable(target):  # e.g. a module constant: calling it would fail mid-run
+                raise ConfigError(
+                    [
+                        ConfigProblem(
+                            target_key,
+                            f"'{spec['_target_']}' is a {type(target).__name__}, not a callable {self.kind}",
+                            "name a function (pkg.module.fn)",
+                        )
+                    ]
+                )
         if not kwargs:  # the function itself, so its attributes stay visible
-            target = spec["_target_"]
-            return target if callable(target) else resolve_target(target, key=f"{key}._target_" if key else "_target_")
-        return instantiate({**spec, "_partial_": True}, key=key)
+            return target
+        return instantiate({**spec, "_target_": target, "_partial_": True}, key=key)
 
 
 def _same_function(a: Callable[..., Any], b: Callable[..., Any]) -> bool:

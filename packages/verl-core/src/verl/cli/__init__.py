@@ -5,7 +5,8 @@
     verl export CHECKPOINT OUT [--backend megatron]
     verl info
 
-Exit codes: 0 success, 2 a bad recipe or bad arguments (every problem is printed to stderr).
+Exit codes: 0 success, 2 a bad recipe, bad arguments or bad input found while running (every problem is printed
+to stderr; `train --debug` or VERL_DEBUG=1 shows the traceback of one found while running).
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ from verl.backends import KNOWN_BACKENDS, installed_backends
 from verl.cli.render import format_plan
 from verl.config.errors import ConfigError, ConfigProblem
 from verl.config.loader import read_config, to_yaml
+from verl.config.run_checks import check_run
 from verl.config.validate import errors, validate_and_plan
 
 EXIT_OK = 0
 EXIT_BAD_CONFIG = 2
+# What a run raises for bad input (a file, a row, a reward function, a worker's failure): a message, not a traceback.
+RUN_ERRORS = (ConfigError, FileNotFoundError, ValueError, RuntimeError)
 
 LIBRARIES = ("torch", "transformers", "ray", "megatron-core", "vllm", "sglang", "triton", "tensordict", "omegaconf")
 
@@ -37,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("recipe", help="a recipe YAML file")
         command.add_argument("overrides", nargs="*", help="key=value overrides, applied in order")
     train.add_argument("--dry-run", action="store_true", help="validate and plan only; start nothing")
+    train.add_argument("--debug", action="store_true", help="show the traceback of an error found while running")
     export = sub.add_parser("export", help="write a Hugging Face folder from a training checkpoint")
     export.add_argument("checkpoint", help="a role's checkpoint folder, e.g. <checkpoints>/step_100/actor")
     export.add_argument("out", help="the Hugging Face folder to write")
@@ -81,6 +86,7 @@ def _check(recipe: str, overrides: Sequence[str], strict: bool, show_config: boo
     # A key the loader already flagged (e.g. a wrong type, left at its default) says it best.
     flagged = {p.key for p in problems}
     plan, found = validate_and_plan(cfg, strict=strict)
+    found += check_run(cfg, roles=[r for r in ("critic",) if plan is not None and plan.has(r)], strict=strict)
     problems += [p for p in found if p.key not in flagged]
     try:
         if show_config:
@@ -156,7 +162,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg, plan, code = _check(args.recipe, args.overrides, strict=True, show_config=False)
     if code != EXIT_OK:
         return code
-    return start_trainer(cfg, plan, name=os.path.splitext(os.path.basename(args.recipe))[0])
+    try:
+        return start_trainer(cfg, plan, name=os.path.splitext(os.path.basename(args.recipe))[0])
+    except RUN_ERRORS as e:  # bad input found once running (data rows, a reward function, a worker's failure)
+        if args.debug or os.environ.get("VERL_DEBUG") == "1":
+            raise
+        if isinstance(e, ConfigError):
+            _print_problems(e.problems, sys.stderr)
+        else:
+            print(f"error: {e}", file=sys.stderr)
+        print("(the traceback: rerun with --debug or VERL_DEBUG=1)", file=sys.stderr)
+        return EXIT_BAD_CONFIG
 
 
 def cmd_export(args: argparse.Namespace) -> int:

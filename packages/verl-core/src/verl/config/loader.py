@@ -12,6 +12,7 @@ Each known key is still merged by OmegaConf, one at a time, so its conversion ru
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -201,6 +202,16 @@ def _is_list(parent: Container, key: str | int) -> bool:
     return isinstance(parent[key], ListConfig)
 
 
+@functools.cache
+def _schema_keys(schema: type, prefix: str = "") -> tuple[str, ...]:
+    """Every dotted key of the schema (sections recursed into)."""
+    keys: list[str] = []
+    for name, tp in field_types(schema).items():
+        tp = strip_optional(tp)
+        keys += _schema_keys(tp, f"{prefix}{name}.") if is_section(tp) else [f"{prefix}{name}"]
+    return tuple(keys)
+
+
 def _unknown_key(path: KeyPath, valid: list[str], location: str | None) -> ConfigProblem:
     key = str(path[-1])
     if dotted_key(path) in REMOVED_KEYS:
@@ -215,6 +226,10 @@ def _unknown_key(path: KeyPath, valid: list[str], location: str | None) -> Confi
     else:
         message = f"unknown key '{key}' in {section}"
         fix = f"valid keys in {section}: {', '.join(sorted(valid))}"
+    elsewhere = [k for k in _schema_keys(VerlConfig) if k.rpartition(".")[2] == key]
+    if elsewhere:  # the right name in the wrong section: trainer.save_every for checkpoint.save_every
+        message += f" ({' and '.join(elsewhere)} {'exists' if len(elsewhere) == 1 else 'exist'})"
+        fix = f"move it to {elsewhere[0]}" + (f", or {fix}" if guess else "")
     return ConfigProblem(dotted_key(path), message, fix=fix, location=location)
 
 

@@ -153,6 +153,15 @@ def parse_all(overrides: Sequence[str]) -> tuple[list[tuple[str, KeyPath, Any]],
                     location=where,
                 )
             )
+        elif raw.strip() == "???":  # merging OmegaConf's "missing" marker leaves the old value: it would do nothing
+            problems.append(
+                ConfigProblem(
+                    key,
+                    "'???' sets no value (it marks a required value in a schema)",
+                    fix=f"give {key} a value, or drop the override to keep the recipe's",
+                    location=where,
+                )
+            )
         elif raw == "":  # `key=` means the empty string, as in Hydra; write key=null for None
             parsed.append((text, parts, ""))
         else:

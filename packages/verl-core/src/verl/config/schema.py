@@ -29,6 +29,8 @@ def one_of(default: Any, *choices: str) -> Any:
 
 def checked(default: Any, ok: Callable[[Any], bool], message: str, fix: str) -> Any:
     """A field whose value (when set) must pass `ok`; `message` and `fix` may name {key} and {v} (the value)."""
+    if isinstance(default, list):  # a mutable default needs a factory
+        return field(default_factory=lambda: list(default), metadata={"check": (ok, message, fix)})
     return field(default=default, metadata={"check": (ok, message, fix)})
 
 
@@ -37,9 +39,35 @@ def at_least(default: Any, bound: int) -> Any:
     return checked(default, lambda v: v >= bound, f"must be >= {bound}, got {{v}}", f"set {{key}}={bound} or more")
 
 
+def positive(default: Any) -> Any:
+    """A number that must be > 0."""
+    return checked(default, lambda v: v > 0, "must be > 0, got {v}", "set {key} to a positive value")
+
+
+def non_negative(default: Any) -> Any:
+    """A number that must be >= 0."""
+    return checked(default, lambda v: v >= 0, "must be >= 0, got {v}", "set {key} to 0 or a positive value")
+
+
+def fraction(default: Any) -> Any:
+    """A number in [0, 1]."""
+    return checked(default, lambda v: 0 <= v <= 1, "must be in [0, 1], got {v}", "set {key} to a value in [0, 1]")
+
+
+def any_finite(default: float) -> Any:
+    """A float whose range another check states (or any finite value: NaN and inf are refused for every float)."""
+    return checked(default, lambda v: True, "", "")
+
+
 def _temperature(default: float) -> Any:
     """A sampling temperature: >= 0, where 0 is greedy."""
     return checked(default, lambda v: v >= 0, "must be >= 0, got {v}", "set {key}=0 (greedy) or a positive value")
+
+
+# Sizes the placement arithmetic needs before anything else (verl.config.placement checks them, >= 1).
+def size(default: Any) -> Any:
+    """A device or parallel size, checked by the placement arithmetic (>= 1)."""
+    return field(default=default, metadata={"checked_by": "placement"})
 
 
 @cache
@@ -76,26 +104,31 @@ REMOVED_KEYS = {
 class ParallelConfig:
     """How one role splits its model over its workers: world = tp * pp * cp * dp (ep splits dp's experts)."""
 
-    tp: int = 1
-    pp: int = 1
-    vpp: Optional[int] = None  # virtual pipeline stages per pp rank (megatron interleaved schedule)
-    cp: int = 1
-    ep: int = 1
-    dp: Optional[int] = None  # None: derived from the devices of the role's pool
+    tp: int = size(1)
+    pp: int = size(1)
+    vpp: Optional[int] = size(None)  # virtual pipeline stages per pp rank (megatron interleaved schedule)
+    cp: int = size(1)
+    ep: int = size(1)
+    dp: Optional[int] = size(None)  # None: derived from the devices of the role's pool
     # megatron: split activations along the sequence outside tensor-parallel regions; None: on when tp > 1
     sequence_parallel: Optional[bool] = None
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-6
-    weight_decay: float = 0.01
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    warmup_steps: int = 0
+    lr: float = positive(1e-6)
+    weight_decay: float = non_negative(0.01)
+    betas: List[float] = checked(
+        [0.9, 0.999],
+        lambda b: len(b) == 2 and all(0 <= x < 1 for x in b),
+        "must be two values in [0, 1), got {v}",
+        "set {key}=[0.9,0.999]",
+    )
+    eps: float = positive(1e-8)
+    warmup_steps: int = at_least(0, 0)
     scheduler: str = one_of("constant", "constant", "cosine")
-    min_lr_ratio: float = 0.0
-    grad_clip: float = 1.0
+    min_lr_ratio: float = fraction(0.0)
+    grad_clip: float = positive(1.0)  # max gradient norm
 
 
 @dataclass
@@ -136,9 +169,9 @@ class DataConfig:
 @dataclass
 class KLControlConfig:
     type: str = "fixed"  # a KL controller name (verl.algos): fixed | adaptive
-    kl_coef: float = 0.001
-    target_kl: float = 0.1
-    horizon: int = 10000
+    kl_coef: float = non_negative(0.001)
+    target_kl: float = positive(0.1)
+    horizon: int = at_least(10000, 1)
 
 
 @dataclass
@@ -147,7 +180,7 @@ class FilterGroupsConfig:
 
     enable: bool = False
     metric: str = one_of("seq_reward", "seq_reward")  # compared within a group: each sample's summed token scores
-    max_num_gen_batches: int = 0  # rollout batches to try filling one training batch; 0: no limit
+    max_num_gen_batches: int = at_least(0, 0)  # rollout batches to try filling one training batch; 0: no limit
 
 
 @dataclass
@@ -155,16 +188,16 @@ class OverlongBufferConfig:
     """DAPO soft overlong punishment: a linear penalty over the last `len` tokens before max_response_length."""
 
     enable: bool = False
-    len: int = 0  # buffer length in tokens, 1..data.max_response_length
-    penalty_factor: float = 1.0  # penalty at max_response_length
+    len: int = at_least(0, 0)  # buffer length in tokens, 1..data.max_response_length
+    penalty_factor: float = non_negative(1.0)  # penalty at max_response_length
 
 
 @dataclass
 class AlgorithmConfig:
     # Registry names (verl.algos), or {_target_: pkg.module.fn, **kwargs}:
     adv_estimator: Any = "grpo"  # gae, grpo, drgrpo, rloo, reinforce_plus_plus(_baseline), remax, opo
-    gamma: float = 1.0
-    lam: float = 1.0
+    gamma: float = fraction(1.0)
+    lam: float = fraction(1.0)
     norm_adv_by_std_in_grpo: bool = True  # False gives Dr.GRPO
     use_kl_in_reward: bool = False
     kl_penalty: Any = "low_var_kl"  # k1 | abs | mse | low_var_kl | full
@@ -182,9 +215,9 @@ class ActorConfig:
     ppo_micro_batch_size_per_device: int = at_least(1, 1)  # samples per forward/backward on one worker
     ppo_epochs: int = at_least(1, 1)
     policy_loss: Any = "vanilla"  # registry name: vanilla (PPO clip), dual_clip, gspo, cispo, or {_target_: ...}
-    clip_ratio: float = 0.2
-    clip_ratio_low: Optional[float] = None  # None: clip_ratio
-    clip_ratio_high: Optional[float] = None  # None: clip_ratio (DAPO clip-higher sets it larger)
+    clip_ratio: float = any_finite(0.2)  # its range: algorithm_checks.check_policy_loss (with low/high)
+    clip_ratio_low: Optional[float] = any_finite(None)  # None: clip_ratio
+    clip_ratio_high: Optional[float] = any_finite(None)  # None: clip_ratio (DAPO clip-higher sets it larger)
     clip_ratio_c: float = checked(3.0, lambda c: c > 1, "the dual-clip bound must be > 1, got {v}", "set {key}=3.0")
     # truncated IS weight min(pi_old/pi_rollout, cap); None: off
     tis_imp_ratio_cap: Optional[float] = checked(
@@ -195,9 +228,9 @@ class ActorConfig:
     loss_norm_length: Optional[int] = checked(
         None, lambda n: n >= 1, "must be >= 1, got {v}", "set it to data.max_response_length, or null"
     )
-    entropy_coeff: float = 0.0
+    entropy_coeff: float = any_finite(0.0)  # < 0 rewards low entropy
     use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
+    kl_loss_coef: float = non_negative(0.001)
     kl_loss_type: Any = "low_var_kl"  # a KL estimator name, as algorithm.kl_penalty
     log_prob_micro_batch_size_per_device: int = at_least(8, 1)  # samples per log-prob forward on one worker
     use_fused_kernels: bool = False
@@ -214,9 +247,14 @@ class RolloutConfig:
     top_p: float = checked(
         1.0, lambda p: 0 < p <= 1, "must be in (0, 1], got {v}", "set {key}=1.0 (off) or a value in (0, 1)"
     )
-    top_k: int = -1  # -1: off
+    top_k: int = checked(-1, lambda k: k == -1 or k >= 1, "must be -1 (off) or >= 1, got {v}", "set {key}=-1")
     max_new_tokens: Optional[int] = at_least(None, 1)  # None: data.max_response_length
-    gpu_memory_utilization: float = 0.5
+    gpu_memory_utilization: float = checked(
+        0.5,
+        lambda f: 0 < f <= 1,
+        "must be in (0, 1], got {v}",
+        "set {key}=0.5 (the share of GPU memory vLLM/SGLang take)",
+    )
     enforce_eager: bool = False
     free_cache_engine: bool = True  # release the KV cache while the actor trains (sleep/wake)
     val_temperature: float = _temperature(0.0)  # sampling temperature of validation; 0: greedy
@@ -241,7 +279,7 @@ class CriticConfig:
     ppo_mini_batch_size: Optional[int] = at_least(None, 1)  # None: actor.ppo_mini_batch_size
     ppo_micro_batch_size_per_device: int = at_least(1, 1)  # samples per forward/backward (and value pass)
     ppo_epochs: Optional[int] = at_least(None, 1)  # None: actor.ppo_epochs
-    cliprange_value: float = 0.5
+    cliprange_value: float = positive(0.5)
     loss_agg_mode: Any = "token-mean"
 
 
@@ -249,7 +287,13 @@ class CriticConfig:
 class RewardConfig:
     fn: Any = None  # a registered reward function name, or {_target_: pkg.module.fn, **kwargs}
     model: Optional[Dict[str, Any]] = None  # a reward model: {_target_: pkg.Model, **kwargs}
-    clamp: Optional[List[float]] = None  # [low, high] applied to scores; NaN/inf are counted and clamped
+    # [low, high] applied to scores; NaN/inf are counted and clamped
+    clamp: Optional[List[float]] = checked(
+        None,
+        lambda c: len(c) == 2 and c[0] <= c[1],
+        "must be [low, high] with low <= high, got {v}",
+        "set {key}=[-1,1]",
+    )
 
 
 @dataclass
@@ -258,13 +302,13 @@ class PoolConfig:
 
     name: str = MISSING
     roles: List[str] = MISSING
-    devices: Optional[int] = None  # None: every device not taken by the pools before it
+    devices: Optional[int] = size(None)  # None: every device not taken by the pools before it
 
 
 @dataclass
 class PlacementConfig:
-    nnodes: int = 1
-    devices_per_node: int = 1  # GPUs per node, or worker processes per node on CPU
+    nnodes: int = size(1)
+    devices_per_node: int = size(1)  # GPUs per node, or worker processes per node on CPU
     device: str = one_of("cpu", "cpu", "cuda")
     pools: List[PoolConfig] = field(
         default_factory=lambda: [PoolConfig(name="hybrid", roles=["actor", "rollout", "ref", "critic"])]
@@ -279,12 +323,14 @@ class TrackingConfig:
     experiment: str = "run"
     wandb_mode: str = one_of("online", "online", "offline", "disabled")
     log_dir: Optional[str] = None  # None: <trainer.output_dir>/logs
-    prometheus_port: int = 9464
+    prometheus_port: int = checked(
+        9464, lambda p: 1 <= p <= 65535, "must be a port in [1, 65535], got {v}", "set {key}=9464"
+    )
 
 
 @dataclass
 class CheckpointConfig:
-    save_every: int = 0  # steps; 0: only at the end
+    save_every: int = at_least(0, 0)  # steps; 0: only at the end
     keep_last: int = at_least(2, 1)
     dir: Optional[str] = None  # None: <trainer.output_dir>/checkpoints
     save_hf: bool = False  # at the end of the run, also write the actor as a Hugging Face folder: <output_dir>/hf
@@ -292,13 +338,13 @@ class CheckpointConfig:
 
 @dataclass
 class TrainerConfig:
-    total_steps: Optional[int] = None  # None: total_epochs over the training data
-    total_epochs: int = 1
-    seed: int = 1
+    total_steps: Optional[int] = at_least(None, 1)  # None: total_epochs over the training data
+    total_epochs: int = at_least(1, 1)
+    seed: int = at_least(1, 0)
     output_dir: str = "outputs/${tracking.project}/${tracking.experiment}"
-    val_every: int = 0  # steps; 0: off
+    val_every: int = at_least(0, 0)  # steps; 0: off
     val_before_train: bool = True
-    log_every: int = 1
+    log_every: int = at_least(1, 1)
     resume: str = "auto"  # auto | disable | <checkpoint dir>
     controller: str = one_of("ray", "ray", "local")  # local: in-process workers, for debugging
     plugins: List[str] = field(default_factory=list)  # modules imported first: custom registry entries

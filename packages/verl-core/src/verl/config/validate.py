@@ -10,6 +10,7 @@ the schema) are checked generically.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf
@@ -18,10 +19,10 @@ from verl.config.algorithm_checks import (
     check_dapo,
     check_full_kl,
     check_group_size,
-    check_kl_controller,
     check_kl_has_a_reference,
     check_policy_loss,
     check_registry_names,
+    check_reward,
     check_values_have_a_critic,
     plugin_problems,
 )
@@ -58,6 +59,12 @@ def _train_parallels(ctx: Context) -> List[Tuple[str, Optional[str], Dict[str, A
     ]
 
 
+def _not_finite(v: Any) -> bool:
+    """A float (or a list holding one) that is NaN or infinite."""
+    items = list(v) if OmegaConf.is_list(v) or isinstance(v, (list, tuple)) else [v]
+    return any(isinstance(x, float) and not math.isfinite(x) for x in items)
+
+
 def _field_rules(schema: type, node: Any, prefix: str, skip: Sequence[str] = ()) -> List[ConfigProblem]:
     """The `one_of` / `checked` metadata of every field of `schema` (a section), checked against `node`."""
     problems = []
@@ -71,6 +78,9 @@ def _field_rules(schema: type, node: Any, prefix: str, skip: Sequence[str] = ())
             continue
         if "choices" in f.metadata and v is not None:
             problems += not_one_of(key, v, f.metadata["choices"])
+        if _not_finite(v):  # NaN passes every comparison's negation, so it is refused before the field's rule
+            problems.append(error_at(key, f"must be a finite number, got {v}", f"set {key} to a finite value"))
+            continue
         ok, message, fix = f.metadata.get("check", (None, "", ""))
         if ok is not None and v is not None and not ok(v):
             problems.append(error_at(key, message.format(key=key, v=v), fix.format(key=key, v=v)))
@@ -275,17 +285,20 @@ def check_rollout_batch(ctx: Context) -> List[ConfigProblem]:
     ]
 
 
-def _train_batch_problems(t: TrainBatch) -> List[ConfigProblem]:
+def _mini_batch_problem(role: str, prompts: int, mini: int) -> ConfigProblem:
     # A critic that inherits the actor's mini-batch size is still told to set its own key.
+    key = f"{role}.ppo_mini_batch_size"
+    return error_at(
+        key,
+        f"data.train_batch_size={prompts} is not a multiple of {key}={mini}",
+        f"set {key} to a divisor of {prompts} (e.g. {_nearest_divisors(prompts, mini)})",
+    )
+
+
+def _train_batch_problems(t: TrainBatch) -> List[ConfigProblem]:
     role, problems, mini_key = t.role, [], f"{t.role}.ppo_mini_batch_size"
     if t.mini_batches is None:
-        problems.append(
-            error_at(
-                mini_key,
-                f"data.train_batch_size={t.prompts} is not a multiple of {mini_key}={t.mini_prompts}",
-                f"set {mini_key} to a divisor of {t.prompts} (e.g. {_nearest_divisors(t.prompts, t.mini_prompts)})",
-            )
-        )
+        problems.append(_mini_batch_problem(role, t.prompts, t.mini_prompts))
     if t.dp is None:  # the role's layout did not resolve: reported with the placement
         return problems
     if t.per_rank is None:
@@ -313,9 +326,25 @@ def _train_batch_problems(t: TrainBatch) -> List[ConfigProblem]:
 def check_train_batches(ctx: Context) -> List[ConfigProblem]:
     """Actor and critic mini-batches split into DP shards and micro-batches."""
     batch = ctx.draft.plan.batch
-    if batch is None:
-        return []
+    if batch is None:  # rollout.n is bad (reported with its field): the mini-batches, in prompts, still divide or not
+        return _mini_batches_without_n(ctx)
     return [p for t in batch.train for p in _train_batch_problems(t)]
+
+
+def _mini_batches_without_n(ctx: Context) -> List[ConfigProblem]:
+    prompts = value(ctx.cfg, "data.train_batch_size")
+    if not isinstance(prompts, int) or prompts < 1:
+        return []
+    minis = {  # the critic's defaults to the actor's
+        role: value(ctx.cfg, f"{role}.ppo_mini_batch_size") or value(ctx.cfg, "actor.ppo_mini_batch_size")
+        for role in ("actor", "critic")
+        if role in ctx.draft.roles
+    }
+    return [
+        _mini_batch_problem(role, prompts, mini)
+        for role, mini in minis.items()
+        if isinstance(mini, int) and mini >= 1 and prompts % mini
+    ]
 
 
 def check_log_prob_batches(ctx: Context) -> List[ConfigProblem]:
@@ -383,10 +412,10 @@ CHECKS: Sequence[Check] = (
     check_loggers,
     check_registry_names,
     check_policy_loss,
-    check_kl_controller,
     check_full_kl,
     check_kl_has_a_reference,
     check_dapo,
+    check_reward,
 )
 
 

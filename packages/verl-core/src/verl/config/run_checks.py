@@ -1,0 +1,121 @@
+"""Checks of what a run needs on the machine that starts it, before anything starts: the files a recipe names
+(model folders, tokenizers, data files, the checkpoint to resume from) and a reward.
+
+`verl train` makes them errors; `verl validate` (which may plan a run for another machine) reports them as
+warnings. "embedded:" models and data sets are built here and need no file.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, List, Optional, Sequence
+
+from verl.config.checks import error_at
+from verl.config.errors import ConfigProblem
+from verl.config.placement import value
+
+# Any one of these in a folder is a tokenizer transformers' AutoTokenizer can load.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+# Columns each kind of data file must have (the RL prompt column is data.prompt_key).
+RL_COLUMNS = ("data_source", "reward_model")
+SFT_COLUMNS = ("prompt", "response")
+
+
+def _embedded(path: Any) -> bool:
+    return isinstance(path, str) and path.startswith("embedded:")
+
+
+def _has_tokenizer(path: str) -> bool:
+    return any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES)
+
+
+def _model_folder(key: str, path: Any, needs_tokenizer: bool) -> List[ConfigProblem]:
+    if path is None or _embedded(path):
+        return []
+    fix = f"point {key} at a Hugging Face model folder (config.json, weights, tokenizer), or embedded:tiny-llama"
+    if not os.path.isdir(path):
+        return [error_at(key, f"model folder '{path}' does not exist", fix)]
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        return [error_at(key, f"'{path}' has no config.json: not a Hugging Face model folder", fix)]
+    if needs_tokenizer and not _has_tokenizer(path):
+        fix = "save the tokenizer into the folder, or set model.tokenizer_path to a folder that has one"
+        return [error_at(key, f"'{path}' has no tokenizer (none of {', '.join(TOKENIZER_FILES)})", fix)]
+    return []
+
+
+def _tokenizer_folder(path: Any) -> List[ConfigProblem]:
+    if path is None or _embedded(path) or (os.path.isdir(path) and _has_tokenizer(path)):
+        return []
+    fix = "point it at a folder saved with tokenizer.save_pretrained, or null for the model's own"
+    return [
+        error_at(
+            "model.tokenizer_path", f"'{path}' is not a tokenizer folder (none of {', '.join(TOKENIZER_FILES)})", fix
+        )
+    ]
+
+
+def _parquet(key: str, path: Any, columns: Sequence[str]) -> List[ConfigProblem]:
+    """A data file that exists, is parquet, has the columns and at least one row."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if _embedded(path):
+        return []
+    if not isinstance(path, str) or not os.path.isfile(path):
+        return [
+            error_at(key, f"data file '{path}' does not exist", f"fix the path in {key}, or use embedded:arithmetic")
+        ]
+    try:
+        meta = pq.read_metadata(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        return [error_at(key, f"'{path}' is not a readable parquet file ({e})", "convert it to parquet")]
+    names = meta.schema.names
+    missing = [c for c in columns if c not in names]
+    if missing:
+        message = f"'{path}' lacks the column(s) {', '.join(missing)}; it has {', '.join(names)}"
+        return [error_at(key, message, f"write it with the columns {', '.join(columns)}")]
+    if meta.num_rows == 0:
+        return [error_at(key, f"'{path}' has no rows", "give a file with at least one example")]
+    return []
+
+
+def _resume(path: Any) -> List[ConfigProblem]:
+    if path in (None, "auto", "disable"):
+        return []
+    from verl.trainer.checkpoint import COMPLETE  # lazy: config does not import the trainer at module level
+
+    fix = "point trainer.resume at a step_<N> folder a finished save wrote, or use auto / disable"
+    if not os.path.isdir(path):
+        return [error_at("trainer.resume", f"checkpoint '{path}' does not exist", fix)]
+    if not os.path.isfile(os.path.join(path, COMPLETE)):
+        return [error_at("trainer.resume", f"'{path}' is not a complete checkpoint (no {COMPLETE} marker)", fix)]
+    return []
+
+
+def check_run(cfg: Any, roles: Sequence[str], strict: bool = True, reward_given: bool = False) -> List[ConfigProblem]:
+    """Every problem with the files `cfg` names, and a missing reward unless `reward_given` (a function passed
+    from Python); errors when `strict`, else warnings."""
+    problems = []
+    if not reward_given and value(cfg, "reward.fn") is None and value(cfg, "reward.model") is None:
+        fix = "set reward.fn (e.g. gsm8k, math_boxed, arithmetic, or {_target_: pkg.module.fn}) or reward.model"
+        problems.append(error_at("reward.fn", "no reward is configured", fix))
+    tokenizer = value(cfg, "model.tokenizer_path")
+    problems += _model_folder("model.path", value(cfg, "model.path"), needs_tokenizer=tokenizer is None)
+    problems += _tokenizer_folder(tokenizer)
+    if "critic" in roles:
+        problems += _model_folder("critic.model_path", value(cfg, "critic.model_path"), needs_tokenizer=False)
+    prompt_key = value(cfg, "data.prompt_key") or "prompt"
+    for section in ("train_files", "val_files"):
+        for i, path in enumerate(_list(value(cfg, f"data.{section}"))):
+            problems += _parquet(f"data.{section}[{i}]", path, (prompt_key, *RL_COLUMNS))
+    if value(cfg, "model.warm_start") is not None:
+        for i, path in enumerate(_list(value(cfg, "model.warm_start.files"))):
+            problems += _parquet(f"model.warm_start.files[{i}]", path, SFT_COLUMNS)
+    problems += _resume(value(cfg, "trainer.resume"))
+    if not strict:
+        problems = [ConfigProblem(p.key, p.message, p.fix, "warning", p.location) for p in problems]
+    return problems
+
+
+def _list(v: Optional[Any]) -> List[Any]:
+    return [] if v is None or isinstance(v, str) else list(v)

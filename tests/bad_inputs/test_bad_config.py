@@ -1,0 +1,136 @@
+"""Bad input to `verl train`, each refused before anything starts: exit code 2, a message naming the culprit (the
+key, and the file where there is one), no traceback. One row per case; the recipe is the tiny GRPO default."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from verl import cli
+
+RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "grpo_tiny.yaml")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict:
+    """Broken files of each kind a recipe can name."""
+    root = tmp_path_factory.mktemp("bad_files")
+    (root / "no_config").mkdir()
+    (root / "no_tokenizer").mkdir()
+    (root / "no_tokenizer" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (root / "not_parquet.parquet").write_text("prompt,answer\n1+1=,2\n")
+    rl = {"prompt": [[{"role": "user", "content": "1+1="}]], "data_source": ["arithmetic"]}
+    pq.write_table(pa.table(rl), root / "no_reward_model.parquet")  # lacks the reward_model column
+    empty = pa.table(
+        {
+            "prompt": pa.array([], pa.string()),
+            "data_source": pa.array([], pa.string()),
+            "reward_model": pa.array([], pa.string()),
+        }
+    )
+    pq.write_table(empty, root / "empty.parquet")
+    pq.write_table(pa.table({"prompt": ["1+1="]}), root / "sft_no_response.parquet")
+    (root / "step_3").mkdir()  # a checkpoint folder without its COMPLETE marker: a save that did not finish
+    names = (
+        "no_config",
+        "no_tokenizer",
+        "not_parquet.parquet",
+        "no_reward_model.parquet",
+        "empty.parquet",
+        "sft_no_response.parquet",
+        "step_3",
+    )
+    return {name.removesuffix(".parquet"): str(root / name) for name in names}
+
+
+# (id, overrides ({name} is a file of the fixture), text the message must hold (the culprit), ...)
+CASES = [
+    # numbers: each key has a declared range, and no float may be NaN or infinite
+    ("negative_lr", ["actor.optim.lr=-1"], "actor.optim.lr", "> 0"),
+    ("nan_lr", ["actor.optim.lr=nan"], "actor.optim.lr", "finite"),
+    ("inf_lr", ["actor.optim.lr=inf"], "actor.optim.lr", "finite"),
+    ("negative_grad_clip", ["actor.optim.grad_clip=-1"], "actor.optim.grad_clip", "> 0"),
+    ("zero_grad_clip", ["actor.optim.grad_clip=0"], "actor.optim.grad_clip", "> 0"),
+    ("negative_weight_decay", ["actor.optim.weight_decay=-0.1"], "actor.optim.weight_decay", ">= 0"),
+    ("betas_out_of_range", ["actor.optim.betas=[0.9,2.0]"], "actor.optim.betas", "[0, 1)"),
+    ("zero_eps", ["actor.optim.eps=0"], "actor.optim.eps", "> 0"),
+    ("negative_warmup", ["actor.optim.warmup_steps=-1"], "actor.optim.warmup_steps", ">= 0"),
+    ("min_lr_ratio_above_one", ["actor.optim.min_lr_ratio=2"], "actor.optim.min_lr_ratio", "[0, 1]"),
+    ("negative_total_steps", ["trainer.total_steps=-3"], "trainer.total_steps", ">= 1"),
+    ("zero_total_epochs", ["trainer.total_epochs=0"], "trainer.total_epochs", ">= 1"),
+    ("negative_save_every", ["checkpoint.save_every=-1"], "checkpoint.save_every", ">= 0"),
+    ("negative_val_every", ["trainer.val_every=-5"], "trainer.val_every", ">= 0"),
+    ("zero_log_every", ["trainer.log_every=0"], "trainer.log_every", ">= 1"),
+    ("negative_seed", ["trainer.seed=-1"], "trainer.seed", ">= 0"),
+    ("gamma_above_one", ["algorithm.gamma=1.5"], "algorithm.gamma", "[0, 1]"),
+    ("negative_lam", ["algorithm.lam=-0.1"], "algorithm.lam", "[0, 1]"),
+    ("negative_kl_loss_coef", ["actor.kl_loss_coef=-1"], "actor.kl_loss_coef", ">= 0"),
+    ("nan_entropy_coeff", ["actor.entropy_coeff=nan"], "actor.entropy_coeff", "finite"),
+    ("negative_clip_ratio", ["actor.clip_ratio=-0.2"], "actor.clip_ratio", "lower clip"),
+    ("zero_top_k", ["rollout.top_k=0"], "rollout.top_k", "-1 (off) or >= 1"),
+    ("negative_temperature", ["rollout.temperature=-1"], "rollout.temperature", ">= 0"),
+    ("top_p_above_one", ["rollout.top_p=1.5"], "rollout.top_p", "(0, 1]"),
+    ("zero_gpu_memory", ["rollout.gpu_memory_utilization=0"], "rollout.gpu_memory_utilization", "(0, 1]"),
+    ("port_out_of_range", ["tracking.prometheus_port=70000"], "tracking.prometheus_port", "65535"),
+    ("clamp_reversed", ["reward.clamp=[1,0]"], "reward.clamp", "low <= high"),
+    ("zero_batch", ["data.train_batch_size=0"], "data.train_batch_size", ">= 1"),
+    ("zero_prompt_length", ["data.max_prompt_length=0"], "data.max_prompt_length", ">= 1"),
+    ("unset_by_override", ["actor.optim.lr=???"], "actor.optim.lr", "sets no value"),
+    # text of the recipe and overrides
+    ("key_in_the_wrong_section", ["trainer.save_every=5"], "trainer.save_every", "checkpoint.save_every"),
+    ("unknown_key", ["trainer.totl_steps=5"], "trainer.totl_steps", "did you mean 'total_steps'"),
+    ("malformed_override", ["trainer.total_steps"], "override 'trainer.total_steps'", "KEY=VALUE"),
+    ("wrong_type", ["trainer.total_steps=ten"], "trainer.total_steps", "ten"),
+    # names and _target_s: each resolves to a callable before the run starts
+    ("unknown_reward", ["reward.fn=no_such_reward"], "reward.fn", "unknown reward function"),
+    ("reward_module_missing", ["reward.fn._target_=no_such_mod.fn"], "reward.fn._target_", "no_such_mod"),
+    ("reward_target_not_callable", ["reward.fn._target_=os.sep"], "reward.fn", "os.sep"),
+    ("no_reward", ["reward.fn=null"], "reward.fn", "no reward is configured"),
+    ("unknown_estimator", ["algorithm.adv_estimator=grpoo"], "algorithm.adv_estimator", "did you mean 'grpo'"),
+    (
+        "estimator_not_callable",
+        ["algorithm.adv_estimator._target_=os.sep"],
+        "algorithm.adv_estimator._target_",
+        "not a callable",
+    ),
+    ("policy_loss_missing", ["actor.policy_loss._target_=os.path.no_such_fn"], "actor.policy_loss", "no_such_fn"),
+    ("plugin_missing", ["trainer.plugins=[no_such_plugin_mod]"], "trainer.plugins", "no_such_plugin_mod"),
+    # one problem must not hide another
+    ("n_zero_and_batch", ["rollout.n=0", "data.train_batch_size=7"], "rollout.n", "actor.ppo_mini_batch_size"),
+    # files: the model folder, tokenizer, data and checkpoint exist and are what they should be
+    ("model_missing", ["model.path=/no/such/model"], "model.path", "/no/such/model"),
+    ("model_without_config", ["model.path={no_config}"], "model.path", "config.json"),
+    ("model_without_tokenizer", ["model.path={no_tokenizer}"], "model.path", "no tokenizer"),
+    ("tokenizer_missing", ["model.tokenizer_path=/no/such/tok"], "model.tokenizer_path", "/no/such/tok"),
+    ("data_missing", ["data.train_files=[/no/such.parquet]"], "data.train_files[0]", "/no/such.parquet"),
+    ("csv_named_parquet", ["data.train_files=[{not_parquet}]"], "data.train_files[0]", "{not_parquet}"),
+    ("data_without_column", ["data.train_files=[{no_reward_model}]"], "data.train_files[0]", "reward_model"),
+    ("data_empty", ["data.train_files=[{empty}]"], "data.train_files[0]", "no rows"),
+    ("val_data_missing", ["data.val_files=[/no/val.parquet]"], "data.val_files[0]", "/no/val.parquet"),
+    (
+        "sft_data_without_response",
+        ["model.warm_start.files=[{sft_no_response}]"],
+        "model.warm_start.files[0]",
+        "response",
+    ),
+    ("resume_missing", ["trainer.resume=/no/such/ckpt"], "trainer.resume", "/no/such/ckpt"),
+    ("resume_incomplete", ["trainer.resume={step_3}"], "trainer.resume", "COMPLETE"),
+]
+
+
+@pytest.mark.parametrize("overrides, culprit, text", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_refused_before_anything_starts(overrides, culprit, text, files, capsys):
+    code = cli.main(["train", RECIPE, *(o.format(**files) for o in overrides)])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    assert code == 2, err
+    assert f"error: {culprit}" in err or f"{culprit}:" in err, err
+    assert text.format(**files) in err, err
+
+
+def test_there_are_at_least_forty_cases():
+    assert len(CASES) >= 40 and len({c[0] for c in CASES}) == len(CASES)
