@@ -12,7 +12,6 @@ from verl.data import (
     ResumableSampler,
     RLDataset,
     collate_rl,
-    make_dataloader,
     make_rl_dataloaders,
 )
 
@@ -27,7 +26,7 @@ def test_loader_resumes(char_tokenizer, embedded_cache):
     collate = functools.partial(collate_rl, tokenizer=char_tokenizer, max_prompt_length=16)
 
     def make():
-        return make_dataloader(ds, ResumableSampler(len(ds), batch_size=16, shuffle=True, seed=3), collate)
+        return DataLoader(ds, ResumableSampler(len(ds), batch_size=16, shuffle=True, seed=3), collate)
 
     loader = make()
     assert len(loader) == 12  # 200 // 16

@@ -19,7 +19,7 @@ from verl.config.errors import ConfigError
 from verl.config.schema import TrackingConfig
 from verl.tracking import LOGGERS, Tracker
 from verl.tracking import jsonl as jsonl_module
-from verl.tracking.console import ConsoleLogger, format_line, format_table, format_value
+from verl.tracking.console import ConsoleLogger, format_line, format_value
 
 
 class Recorder:
@@ -222,17 +222,6 @@ def test_console_logger_prints_one_line_per_step():
     logger.log({"reward/score/mean": 0.625}, step=8)
     # soft wrap: a line longer than the console width is not broken
     assert out.getvalue() == "step 7 | reward 0.5 | pg_loss 1.25 | step_s 2 | +1 more\nstep 8 | reward 0.625\n"
-
-
-def test_console_table_groups_metrics():
-    out = io.StringIO()
-    metrics = {"zeta": 1.0, "val/acc": 0.5, "actor/pg_loss": 0.25, "reward/score/mean": 0.75, "actor/kl": 0.125}
-    Console(file=out, width=80).print(format_table(metrics, 4))
-    lines = out.getvalue().splitlines()
-    rows = [line.split("│")[1].strip() if line.startswith("│") else "--" for line in lines if line[0] in "│├"]
-    # groups in order reward, actor, ..., val, then the rest; a rule between groups
-    assert rows == ["reward/score/mean", "--", "actor/kl", "actor/pg_loss", "--", "val/acc", "--", "zeta"]
-    assert lines[0].strip() == "step 4"
 
 
 def test_tracker_console_writes_to_stdout(tmp_path, capsys):

@@ -33,7 +33,6 @@ def require_optimizer(optimizer: Optional[object]) -> None:
         raise RuntimeError("this engine was built without an optimizer (inference only)")
 
 
-# ---- micro-batch accumulation ------------------------------------------------------------------------------
 @dataclass
 class Accumulator:
     """Runs the caller's loss on each micro-batch and weights it by the micro-batch's share of the rows, so that
@@ -52,7 +51,6 @@ class Accumulator:
         return loss * share
 
 
-# ---- the optimizer step: LR schedule and skip policy ---------------------------------------------------------
 @dataclass
 class TrainState:
     """What an engine counts besides its model and optimizer state; saved with every checkpoint (extra state)."""
@@ -96,7 +94,6 @@ def optimizer_step(
     return {"grad_norm": norm, "lr": lr, **({} if finite else {"skipped_steps": 1.0})}
 
 
-# ---- extra state, export -------------------------------------------------------------------------------------
 def _extra_file(path: str) -> str:
     return os.path.join(path, f"extra_rank{dist.get_rank()}.pt")
 

@@ -45,8 +45,6 @@ class DataProto:
     non_tensor_batch: dict[str, np.ndarray] = field(default_factory=dict)
     meta_info: dict[str, Any] = field(default_factory=dict)
 
-    # ------------------------------------------------------------------ construction
-
     def __post_init__(self) -> None:
         if self.batch is not None:
             if not isinstance(self.batch, TensorDict):
@@ -110,13 +108,8 @@ class DataProto:
             f"meta_info_keys={list(self.meta_info)})"
         )
 
-    # ------------------------------------------------------------------ keys
-
     def select(
-        self,
-        tensor_keys: KeySelection = None,
-        non_tensor_keys: KeySelection = None,
-        meta_keys: KeySelection = None,
+        self, tensor_keys: KeySelection = None, non_tensor_keys: KeySelection = None, meta_keys: KeySelection = None
     ) -> DataProto:
         """Keep only the named keys; ``None`` keeps all keys of that kind, ``[]`` keeps none."""
         tensors = self._tensors()
@@ -133,10 +126,7 @@ class DataProto:
         )
 
     def pop(
-        self,
-        tensor_keys: KeySelection = None,
-        non_tensor_keys: KeySelection = None,
-        meta_keys: KeySelection = None,
+        self, tensor_keys: KeySelection = None, non_tensor_keys: KeySelection = None, meta_keys: KeySelection = None
     ) -> DataProto:
         """Remove the named keys from ``self`` (mutates it) and return them; ``None`` pops none."""
         tensor_keys = _key_list(tensor_keys or [])
@@ -161,8 +151,6 @@ class DataProto:
         meta = _union_of("meta_info", self.meta_info, other.meta_info)
         device = self._device() if self._device() == other._device() else None
         return DataProto(batch=_make_batch(tensors, device), non_tensor_batch=non_tensors, meta_info=meta)
-
-    # ------------------------------------------------------------------ rows
 
     def __getitem__(self, index: RowIndex) -> DataProto:
         """Rows by int (-> size-1 DataProto), slice, or 1-D int/bool index (tensor, list, ndarray)."""
@@ -239,8 +227,6 @@ class DataProto:
         batch = self.batch.to(device) if self.batch is not None else None
         return DataProto(batch=batch, non_tensor_batch=self.non_tensor_batch, meta_info=self.meta_info)
 
-    # ------------------------------------------------------------------ pickling (Ray)
-
     def __getstate__(self) -> dict[str, Any]:
         # torch.save writes each storage as one raw blob, so the payload is about the tensors' bytes.
         # _compact drops storage a view does not use: otherwise a chunk would ship its parent's storage.
@@ -258,15 +244,12 @@ class DataProto:
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        batch = None
+        self.batch = None
         if state["batch"] is not None:
             tensors = torch.load(io.BytesIO(state["batch"]), weights_only=True)
-            batch = TensorDict(tensors, batch_size=[state["batch_size"]], device=state["device"])
-        self.batch = batch
+            self.batch = TensorDict(tensors, batch_size=[state["batch_size"]], device=state["device"])
         self.non_tensor_batch = state["non_tensor_batch"]
         self.meta_info = state["meta_info"]
-
-    # ------------------------------------------------------------------ internals
 
     def _tensors(self) -> dict[str, torch.Tensor]:
         return dict(self.batch.items()) if self.batch is not None else {}
@@ -284,9 +267,6 @@ class DataProto:
             non_tensor_batch={k: v[rows] for k, v in self.non_tensor_batch.items()},
             meta_info=self.meta_info,  # __post_init__ makes the shallow copy
         )
-
-
-# ---------------------------------------------------------------------- helpers
 
 
 def _make_batch(tensors: dict[str, torch.Tensor], device: torch.device | None = None) -> TensorDict | None:

@@ -61,8 +61,7 @@ def register(dispatch: Dispatch = Dispatch.ONE_TO_ALL, *, mesh: str = "train") -
     """Mark a worker method as callable from the driver through a worker group.
 
     Usable as `@register`, `@register(Dispatch.DP_COMPUTE)` or `@register(Dispatch.DP_COMPUTE, mesh="rollout")`
-    (split by the worker's "rollout" layout).
-    The method itself is unchanged (a worker calling it directly gets a plain call). An override in a
+    (split by the worker's "rollout" layout). The method itself is unchanged (a worker calling it directly gets a plain call). An override in a
     subclass keeps the base's registration unless it is decorated itself.
     """
     if inspect.isfunction(dispatch):  # bare @register
@@ -91,11 +90,6 @@ def registered_methods(cls: type) -> dict[str, MethodSpec]:
             if spec is not None and not name.startswith("__"):
                 specs[name] = spec
     return dict(sorted(specs.items()))
-
-
-# ---------------------------------------------------------------------------------------------
-# Dispatch info
-# ---------------------------------------------------------------------------------------------
 
 
 def read_dispatch_infos(role: str, infos: Sequence[Mapping[str, Any]]) -> list[DispatchInfo]:
@@ -133,11 +127,6 @@ def read_dispatch_infos(role: str, infos: Sequence[Mapping[str, Any]]) -> list[D
     return checked
 
 
-# ---------------------------------------------------------------------------------------------
-# Split and gather
-# ---------------------------------------------------------------------------------------------
-
-
 def split(
     dispatch: Dispatch,
     label: str,
@@ -146,11 +135,7 @@ def split(
     world_size: int,
     infos: Sequence[DispatchInfo] | None = None,
 ) -> list[RankCall]:
-    """Each rank's (args, kwargs) for one call; `label` names the call in errors ("role.method").
-
-    ONE_TO_ALL: the same arguments to every rank. DP_COMPUTE: the first argument (a DataProto) split into
-    one chunk per dp rank by the ranks' `infos`, each rank given its dp rank's chunk.
-    """
+    """Each rank's (args, kwargs) for one call, as `Dispatch` says; `label` names the call in errors ("role.method")."""
     if dispatch is Dispatch.ONE_TO_ALL:
         return [(args, kwargs)] * world_size
     if not args or not isinstance(args[0], DataProto):
@@ -169,11 +154,8 @@ def split(
 
 
 def gather(dispatch: Dispatch, label: str, results: Sequence[Any], infos: Sequence[DispatchInfo] | None = None) -> Any:
-    """The driver's result from every rank's result (`results[rank]`).
-
-    ONE_TO_ALL: the list of every rank's result. DP_COMPUTE: the collect ranks' results ordered by dp rank,
-    concatenated when they are all DataProtos, else a list.
-    """
+    """The driver's result from every rank's result (`results[rank]`), as `Dispatch` says; DP_COMPUTE results
+    are ordered by dp rank and stay a list unless they are all DataProtos."""
     if dispatch is Dispatch.ONE_TO_ALL:
         return list(results)
     collected = sorted((info.dp_rank, rank) for rank, info in enumerate(infos) if info.collect)

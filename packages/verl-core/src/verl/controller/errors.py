@@ -30,8 +30,7 @@ class WorkerError(RuntimeError):
         world_size: int | None = None,
         unfinished: Sequence[int] = (),
     ) -> None:
-        self.role = role
-        self.method = method
+        self.role, self.method = role, method
         self.tracebacks = dict(sorted(tracebacks.items()))
         self.causes = dict(causes or {})
         self.world_size = world_size

@@ -5,14 +5,13 @@
     actor.call(ActorWorker.init_model)                   # ONE_TO_ALL: every rank runs it; a list of results
     out = actor.call(ActorWorker.compute_log_prob, batch)  # DP_COMPUTE: split by dp rank, results concatenated
 
-A call names the worker method itself (so go-to-definition leads from the call to the code that runs) or
-its name. It runs `dispatch.split` (each rank's arguments), sends every rank its part through the group's
-executor, waits, and runs `dispatch.gather`. There is one group; what differs between Ray and local mode is
-the executor: `RayExecutor` (one Ray actor per device of a pool) or `LocalExecutor` (one worker in this
-process, arguments and results deep-copied as a trip through Ray copies them, so `breakpoint()` works and a
-worker that mutates its input behaves the same in both modes). A failure on any rank is raised as
-WorkerError (role, ranks, method, the worker's traceback). Each group counts its round trips and the bytes
-of tensors it ships each way (`take_stats`), which the trainer reports per step.
+A call names the worker method itself (so go-to-definition leads from the call to the code that runs) or its
+name. There is one group; what differs between Ray and local mode is the executor: `RayExecutor` (one Ray
+actor per device of a pool) or `LocalExecutor` (one worker in this process, arguments and results deep-copied
+as a trip through Ray copies them, so `breakpoint()` works and a worker that mutates its input behaves the
+same in both modes). A failure on any rank is raised as WorkerError (role, ranks, method, the worker's
+traceback). Each group counts its round trips and the bytes of tensors it ships each way (`take_stats`), which
+the trainer reports per step.
 """
 
 from __future__ import annotations
@@ -63,11 +62,6 @@ class Executor(Protocol):
     def run(self, role: str, method: str, per_rank: list[RankCall]) -> list: ...
 
     def shutdown(self) -> None: ...
-
-
-# ---------------------------------------------------------------------------------------------
-# The group
-# ---------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -171,11 +165,6 @@ class WorkerGroup:
         if mesh not in self._infos:
             self._infos[mesh] = read_dispatch_infos(self.role, self.call_all("dispatch_info", mesh))
         return self._infos[mesh]
-
-
-# ---------------------------------------------------------------------------------------------
-# Ray: one actor per device of a pool
-# ---------------------------------------------------------------------------------------------
 
 
 def collect(role: str, method: str, refs: Sequence[ray.ObjectRef]) -> list:
@@ -315,11 +304,6 @@ class RayExecutor:
         self.actors = []
 
 
-# ---------------------------------------------------------------------------------------------
-# In-process
-# ---------------------------------------------------------------------------------------------
-
-
 def _local_traceback(err: BaseException) -> str:
     """The worker-side part of a traceback caught by the local executor (its own frame dropped)."""
     tb = err.__traceback__.tb_next if err.__traceback__ is not None else None
@@ -363,7 +347,6 @@ class LocalExecutor:
             raise WorkerError(role, "__init__", {0: _local_traceback(err)}, {0: err}, 1) from err
 
     def run(self, role: str, method: str, per_rank: list[RankCall]) -> list:
-        """Call the worker method by value (deep copies in and out, like a Ray round trip)."""
         (call,) = per_rank
         args, kwargs = copy.deepcopy(call)
         try:
@@ -374,11 +357,6 @@ class LocalExecutor:
 
     def shutdown(self) -> None:
         self.worker = None
-
-
-# ---------------------------------------------------------------------------------------------
-# Making groups
-# ---------------------------------------------------------------------------------------------
 
 
 EXECUTORS: dict[str, type] = {"ray": RayExecutor, "local": LocalExecutor}

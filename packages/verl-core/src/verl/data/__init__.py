@@ -1,7 +1,7 @@
 """The data layer: RL prompt and SFT data sets from parquet, collation into batches, resumable sampling."""
 
 from verl.data.build import make_rl_dataloaders, make_rl_dataset
-from verl.data.loader import DataLoader, make_dataloader
+from verl.data.loader import DataLoader
 from verl.data.rl_dataset import RLDataset, collate_rl
 from verl.data.sampler import ResumableSampler
 from verl.data.sft_dataset import SFTDataset, collate_sft
@@ -13,7 +13,6 @@ __all__ = [
     "SFTDataset",
     "collate_rl",
     "collate_sft",
-    "make_dataloader",
     "make_rl_dataloaders",
     "make_rl_dataset",
 ]

@@ -12,12 +12,7 @@ from verl.data.rl_dataset import RLDataset, collate_rl
 from verl.data.sampler import ResumableSampler
 
 
-def make_rl_dataset(
-    data: Any,
-    files: list[str],
-    tokenizer: Any,
-    cache_dir: str | os.PathLike | None = None,
-) -> Any:
+def make_rl_dataset(data: Any, files: list[str], tokenizer: Any, cache_dir: str | os.PathLike | None = None) -> Any:
     """RLDataset over `files`, or the class `data.dataset` names (called with the same arguments)."""
     kwargs = {
         "prompt_key": data.prompt_key,
@@ -47,10 +42,6 @@ def make_rl_dataloaders(
         return train_loader, None
     val = make_rl_dataset(data, data.val_files, tokenizer, cache_dir)
     val_sampler = ResumableSampler(
-        len(val),
-        batch_size=data.val_batch_size or len(val),
-        shuffle=False,
-        seed=seed,
-        drop_last=False,
+        len(val), batch_size=data.val_batch_size or len(val), shuffle=False, seed=seed, drop_last=False
     )
     return train_loader, DataLoader(val, val_sampler, collate)

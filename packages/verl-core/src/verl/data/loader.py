@@ -41,7 +41,3 @@ class DataLoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state)
-
-
-def make_dataloader(dataset: Sequence[Any], sampler: ResumableSampler, collate: Collate) -> DataLoader:
-    return DataLoader(dataset, sampler, collate)

@@ -6,7 +6,6 @@ Expected columns: data_source (str), prompt (chat messages), reward_model ({"gro
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -14,11 +13,9 @@ from typing import Any
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from verl.data.rows import MESSAGES_FORMAT, check_messages, read_columns, render_prompts
+from verl.data.rows import MESSAGES_FORMAT, check_messages, read_columns, render_prompts, warn_dropped
 from verl.embedded.arithmetic import resolve_data_files
 from verl.protocol import DataProto
-
-logger = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = {
     "data_source": "a str naming the task (it selects the reward function)",
@@ -88,14 +85,7 @@ class RLDataset:
             row = {"input_ids": ids[i], "raw_prompt": texts[i], "ground_truth": truth, "data_source": data_source}
             self.rows.append({**row, "extra_info": dict(extra_infos[i] or {})})
         self.n_filtered += n_dropped
-        if n_dropped:
-            logger.warning(
-                "%s: dropped %d of %d prompts longer than max_prompt_length=%d tokens",
-                path,
-                n_dropped,
-                n_rows,
-                self.max_prompt_length,
-            )
+        warn_dropped(path, n_dropped, n_rows, f"prompts longer than max_prompt_length={self.max_prompt_length}")
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -138,10 +128,6 @@ def collate_rl(items: Sequence[dict[str, Any]], tokenizer: Any, max_prompt_lengt
     position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
     keys = ("raw_prompt", "ground_truth", "data_source", "extra_info", "index")
     return DataProto.from_dict(
-        tensors={
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "position_ids": position_ids,
-        },
+        tensors={"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
         non_tensors={key: [item[key] for item in items] for key in keys},  # lists become object arrays
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -10,6 +11,8 @@ import pyarrow.parquet as pq
 
 from verl.embedded.arithmetic import EMBEDDED_DATASETS
 from verl.embedded.cache import PREFIX
+
+logger = logging.getLogger(__name__)
 
 MESSAGES_FORMAT = "a non-empty list of chat messages like [{'role': 'user', 'content': '12+7='}]"
 
@@ -47,6 +50,12 @@ def render_prompts(tokenizer: Any, conversations: list[list[dict[str, str]]]) ->
     if not conversations:
         return []
     return tokenizer.apply_chat_template(conversations, add_generation_prompt=True, tokenize=False)
+
+
+def warn_dropped(path: str, dropped: int, total: int, what: str) -> None:
+    """One warning per file for the rows dropped as too long; `what` names them and the limit."""
+    if dropped:
+        logger.warning("%s: dropped %d of %d %s tokens", path, dropped, total, what)
 
 
 def _short(value: Any, limit: int = 120) -> str:

@@ -16,15 +16,7 @@ import torch
 class ResumableSampler:
     """Batches of row indices over epochs; `next_indices()` takes one, `iter()` the rest of the epoch."""
 
-    def __init__(
-        self,
-        n: int,
-        *,
-        batch_size: int,
-        shuffle: bool,
-        seed: int = 0,
-        drop_last: bool = True,
-    ) -> None:
+    def __init__(self, n: int, *, batch_size: int, shuffle: bool, seed: int = 0, drop_last: bool = True) -> None:
         if n < 1:
             raise ValueError(f"the data set is empty (n={n}); nothing to sample")
         if batch_size < 1:

@@ -6,7 +6,6 @@ and the <eos>, so the model learns both the answer and where to stop.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -14,10 +13,8 @@ from typing import Any
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from verl.data.rows import MESSAGES_FORMAT, check_messages, read_columns, render_prompts
+from verl.data.rows import MESSAGES_FORMAT, check_messages, read_columns, render_prompts, warn_dropped
 from verl.embedded.arithmetic import resolve_data_files
-
-logger = logging.getLogger(__name__)
 
 
 class SFTDataset:
@@ -49,18 +46,8 @@ class SFTDataset:
         if not self.examples:
             raise ValueError(f"no examples left in {self.files}: all are longer than max_length={max_length} tokens")
 
-    def _load(
-        self,
-        path: str,
-        tokenizer: Any,
-        prompt_key: str,
-        response_key: str,
-        filter_overlong: bool,
-    ) -> None:
-        required = {
-            prompt_key: MESSAGES_FORMAT,
-            response_key: "a str: the assistant's reply to learn",
-        }
+    def _load(self, path: str, tokenizer: Any, prompt_key: str, response_key: str, filter_overlong: bool) -> None:
+        required = {prompt_key: MESSAGES_FORMAT, response_key: "a str: the assistant's reply to learn"}
         columns = read_columns(path, required)
         conversations = [check_messages(v, path, i, prompt_key) for i, v in enumerate(columns[prompt_key])]
         responses = columns[response_key]
@@ -82,14 +69,7 @@ class SFTDataset:
                 continue
             self.examples.append((ids, len(prompt)))
         self.n_filtered += n_dropped
-        if n_dropped:
-            logger.warning(
-                "%s: dropped %d of %d examples longer than max_length=%d tokens",
-                path,
-                n_dropped,
-                len(responses),
-                self.max_length,
-            )
+        warn_dropped(path, n_dropped, len(responses), f"examples longer than max_length={self.max_length}")
 
     def __len__(self) -> int:
         return len(self.examples)
@@ -99,10 +79,7 @@ class SFTDataset:
         ids, n_prompt = self.examples[index]
         loss_mask = torch.zeros(len(ids), dtype=torch.long)
         loss_mask[n_prompt:] = 1
-        return {
-            "input_ids": torch.tensor(ids, dtype=torch.long),
-            "loss_mask": loss_mask,
-        }
+        return {"input_ids": torch.tensor(ids, dtype=torch.long), "loss_mask": loss_mask}
 
 
 def collate_sft(items: Sequence[dict[str, torch.Tensor]], pad_id: int) -> dict[str, torch.Tensor]:

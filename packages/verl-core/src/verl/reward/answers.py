@@ -44,9 +44,6 @@ def last_number(text: str) -> str | None:
     return matches[-1] if matches else None
 
 
-# ---------------------------------------------------------------------------- \boxed{...}
-
-
 def last_boxed(text: str) -> str | None:
     r"""The content of the last \boxed{...} (or \fbox{...}) in `text`, braces balanced; None when absent.
 

@@ -1,4 +1,4 @@
-"""The console logger: one compact line per step (the keys worth watching first), or a full table."""
+"""The console logger: one compact line per step, the keys worth watching first."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ import math
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
-__all__ = ["ConsoleLogger", "format_line", "format_table", "format_value"]
+__all__ = ["ConsoleLogger", "format_line", "format_value"]
 
 # (label, keys in preference order): the first key present fills the slot.
 HEADLINE = (
@@ -19,7 +18,6 @@ HEADLINE = (
     ("tok/s", ("perf/tokens_per_s",)),
     ("step_s", ("timing/step_s",)),
 )
-GROUPS = ("reward", "actor", "critic", "timing", "perf", "val")  # metric names are "<group>/<name>"
 
 
 def format_value(value: float) -> str:
@@ -47,31 +45,8 @@ def format_line(metrics: dict[str, float], step: int) -> str:
     return " | ".join(parts)
 
 
-def group_of(key: str) -> str:
-    return key.split("/", 1)[0] if "/" in key else ""
-
-
-def _table_order(key: str) -> tuple:
-    group = group_of(key)
-    return (GROUPS.index(group) if group in GROUPS else len(GROUPS), group, key)
-
-
-def format_table(metrics: dict[str, float], step: int) -> Table:
-    """Every metric, grouped reward, actor, critic, timing, perf, val, then the rest."""
-    table = Table(title=f"step {step}", show_header=True, header_style="bold")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    previous = None
-    for key in sorted(metrics, key=_table_order):
-        if previous is not None and group_of(key) != previous:
-            table.add_section()
-        table.add_row(key, format_value(metrics[key]))
-        previous = group_of(key)
-    return table
-
-
 class ConsoleLogger:
-    """Prints each step to stdout (rich): the compact line, or the full table when table=True."""
+    """Prints each step's compact line to stdout (rich)."""
 
     def __init__(
         self,
@@ -79,17 +54,12 @@ class ConsoleLogger:
         *,
         run_config: dict | None = None,
         log_dir: str | None = None,
-        table: bool = False,
         console: Console | None = None,
     ):
-        self.table = table
         self.console = console or Console(highlight=False)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        if self.table:
-            self.console.print(format_table(metrics, step))
-        else:
-            self.console.print(Text(format_line(metrics, step)), soft_wrap=True)
+        self.console.print(Text(format_line(metrics, step)), soft_wrap=True)
 
     def close(self) -> None:
         pass

@@ -7,12 +7,6 @@ from verl.config.errors import ConfigError, ConfigProblem
 
 def missing_package(logger: str, package: str) -> ConfigError:
     """tracking.loggers names a backend whose package is not installed."""
-    return ConfigError(
-        [
-            ConfigProblem(
-                "tracking.loggers",
-                f"the '{logger}' logger needs the '{package}' package, which is not installed",
-                f"pip install 'verl-core[{logger}]' (or {package}), or remove '{logger}' from tracking.loggers",
-            )
-        ]
-    )
+    message = f"the '{logger}' logger needs the '{package}' package, which is not installed"
+    fix = f"pip install 'verl-core[{logger}]' (or {package}), or remove '{logger}' from tracking.loggers"
+    return ConfigError([ConfigProblem("tracking.loggers", message, fix)])
