@@ -134,3 +134,11 @@ def test_bad_input_is_refused_before_anything_starts(overrides, culprit, text, f
 
 def test_there_are_at_least_forty_cases():
     assert len(CASES) >= 40 and len({c[0] for c in CASES}) == len(CASES)
+
+
+def test_the_python_api_checks_the_files_too_and_a_passed_reward_stands_in_for_reward_fn():
+    import verl
+
+    with pytest.raises(verl.ConfigError) as info:
+        verl.PPOTrainer(RECIPE, overrides=["model.path=/no/such/model", "reward.fn=null"], reward_fn=lambda **kw: 0.0)
+    assert [p.key for p in info.value.problems] == ["model.path"]  # not reward.fn: the function was passed

@@ -141,6 +141,24 @@ def test_train_with_errors_starts_nothing(tmp_path, capsys, monkeypatch):
     assert code == 2 and "rollout.n" in err
 
 
+def test_bad_input_found_while_running_is_a_message_and_exit_2(tmp_path, capsys, monkeypatch):
+    """A data row, reward function or worker failing once the run has started: its message, no traceback, unless
+    --debug or VERL_DEBUG=1 asks for it."""
+
+    def failing_run(cfg, plan, name):
+        raise ValueError("data/train.parquet: row 3: column 'prompt' must be a list of messages")
+
+    monkeypatch.setattr(cli, "start_trainer", failing_run)
+    monkeypatch.delenv("VERL_DEBUG", raising=False)
+    code, out, err = run(capsys, "train", recipe(tmp_path))
+    assert code == 2 and "error: data/train.parquet: row 3" in err and "--debug" in err
+    with pytest.raises(ValueError, match="row 3"):
+        cli.main(["train", recipe(tmp_path), "--debug"])
+    monkeypatch.setenv("VERL_DEBUG", "1")
+    with pytest.raises(ValueError, match="row 3"):
+        cli.main(["train", recipe(tmp_path)])
+
+
 def test_missing_engine_fails_train_but_only_warns_in_dry_run_and_validate(tmp_path, capsys):
     path = recipe(tmp_path)
     code, out, err = run(capsys, "train", path, "rollout.backend=vllm")

@@ -1,4 +1,5 @@
-"""Exact resume: 6 steps straight vs 3 steps, process killed, resumed, 3 more -> identical final weights.
+"""Exact resume: 6 steps straight vs 3 steps, process killed, resumed, 3 more -> identical final weights, and
+metrics.jsonl with each step once.
 
 The runs are real `verl train` processes (local controller: the same workers in-process); the second is
 SIGKILLed as soon as its step-3 checkpoint is complete. Model, optimizer, LR schedule, RNG and data
@@ -7,6 +8,7 @@ position all have to come back for the weights to match bit for bit.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -88,10 +90,20 @@ def test_kill_and_resume_gives_identical_weights(tmp_path, embedded_cache):  # n
     else:
         pytest.fail("both runs finished before they could be killed after step 3")
     assert not (resumed / "checkpoints" / "step_6").exists()
+    # A kill can land after steps past the checkpoint were logged (here: as if the run had got to step 5, and
+    # the kill cut its last line short). The resumed run reruns them, so they must not appear twice.
+    metrics = resumed / "logs" / "metrics.jsonl"
+    with open(metrics, "a") as f:
+        f.write('{"step": 4, "time": 0}\n{"step": 5, "time": 0}\n{"step": 6, "ti')
 
     out = _run(_cmd(resumed), env)
     assert "resumed from" in out.stdout and "(step 3)" in out.stdout
     assert "verl grpo_tiny: " in out.stdout.splitlines()[-1]  # the run ends with its one-line summary
+
+    def steps(run: Path) -> list[int]:
+        return [json.loads(line)["step"] for line in (run / "logs" / "metrics.jsonl").read_text().splitlines()]
+
+    assert steps(resumed) == steps(straight) == [1, 2, 3, 4, 5, 6]  # each step once
 
     a = load_file(str(straight / "hf" / "model.safetensors"))
     b = load_file(str(resumed / "hf" / "model.safetensors"))

@@ -287,6 +287,26 @@ def test_a_raising_reward_function_names_the_sample(tokenizer):
     assert (info.value.row, info.value.index, info.value.data_source) == (1, 11, "divzero")
 
 
+@pytest.mark.parametrize("num_workers", [0, 4])
+def test_on_error_score_gives_failing_samples_the_error_score_and_counts_them(tokenizer, caplog, num_workers):
+    def picky(prompt, response, ground_truth, extra):
+        if ground_truth == "raise":
+            raise RuntimeError("judge unavailable")
+        return None if ground_truth == "none" else ("text" if ground_truth == "str" else 1.0)
+
+    batch = make_batch(tokenizer, ["1", "2", "3", "4"], ["ok", "raise", "none", "str"])
+    cfg = {"fn": picky, "on_error": "score", "error_score": -1.0}
+    manager = make_reward_manager(cfg, tokenizer, num_workers=num_workers)
+    with caplog.at_level(logging.WARNING):
+        token_scores, metrics = manager(batch)
+    assert token_scores.sum(dim=1).tolist() == [1.0, -1.0, -1.0, -1.0]
+    assert metrics["reward/fn_errors"] == 3.0
+    assert sum("judge unavailable" in r.getMessage() for r in caplog.records) == 1  # each failure named
+    assert sum("batch row 3" in r.getMessage() for r in caplog.records) == 1
+    with pytest.raises(RewardFunctionError, match="batch row 1"):  # the default: the first failure stops the run
+        make_reward_manager({"fn": picky}, tokenizer)(batch)
+
+
 def test_threaded_scoring_matches_serial_and_reports_the_first_failing_row(tokenizer):
     threads = set()
 

@@ -174,6 +174,24 @@ def test_jsonl_writes_one_object_per_step_and_appends(tmp_path, monkeypatch):
     ]
 
 
+def test_a_resumed_run_drops_the_steps_logged_after_its_checkpoint(tmp_path):
+    """Killed after logging step 5 with its last checkpoint at step 3: the resumed run reruns steps 4 and 5, and
+    each step appears once (a half-written last line from the kill is dropped too)."""
+    log_dir = tmp_path / "logs"
+    with Tracker(TrackingConfig(loggers=["jsonl"]), log_dir=str(log_dir)) as tracker:
+        for step in range(1, 6):
+            tracker.log({"reward/score/mean": step / 10}, step=step)
+    with open(log_dir / "metrics.jsonl", "a") as f:
+        f.write('{"step": 6, "rew')  # the kill landed mid-write
+    with Tracker(TrackingConfig(loggers=["jsonl"]), log_dir=str(log_dir)) as tracker:
+        tracker.resume_at(3)
+        for step in (4, 5):
+            tracker.log({"reward/score/mean": step}, step=step)
+    records = read_jsonl(log_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    assert [r["reward/score/mean"] for r in records] == [0.1, 0.2, 0.3, 4.0, 5.0]
+
+
 # --------------------------------------------------------------------------- console
 
 

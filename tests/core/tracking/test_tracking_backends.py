@@ -95,6 +95,45 @@ def test_prometheus_serves_gauges_on_a_free_port(tmp_path):
         scrape(port)
 
 
+def _non_loopback_address() -> str | None:
+    """An IPv4 address of this machine other than loopback (the host name's, or the default route's), or None."""
+    import socket
+
+    candidates = []
+    try:
+        candidates += socket.gethostbyname_ex(socket.gethostname())[2]
+    except OSError:
+        pass
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.254.254.254", 9))  # UDP: no packet is sent, the route picks the interface
+            candidates.append(s.getsockname()[0])
+        except OSError:
+            pass
+    return next((a for a in candidates if not a.startswith("127.") and a != "0.0.0.0"), None)
+
+
+def test_prometheus_listens_on_loopback_only_by_default():
+    address = _non_loopback_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to try")
+    exporter = PrometheusLogger(TrackingConfig(prometheus_port=0))
+    try:
+        exporter.log({"actor/pg_loss": 1.0}, step=1)
+        assert scrape(exporter.port)["verl_actor_pg_loss"] == 1.0  # reachable on 127.0.0.1
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://{address}:{exporter.port}/metrics", timeout=5)
+    finally:
+        exporter.close()
+    # The address is reachable when the exporter is told to listen everywhere: the refusal above was the binding.
+    exposed = PrometheusLogger(TrackingConfig(prometheus_port=0, prometheus_host="0.0.0.0"))
+    try:
+        with urllib.request.urlopen(f"http://{address}:{exposed.port}/metrics", timeout=5) as response:
+            assert b"verl_step" in response.read()
+    finally:
+        exposed.close()
+
+
 def test_prometheus_name_clash_keeps_the_first_key(caplog):
     exporter = PrometheusLogger(TrackingConfig(prometheus_port=0))
     try:

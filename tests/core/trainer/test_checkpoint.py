@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from tests.support.engines import gloo_world_one  # noqa: F401 (load_extra names this rank's file)
 from verl.trainer.checkpoint import COMPLETE, CheckpointManager
 
 
@@ -80,3 +81,47 @@ def test_resaving_a_step_replaces_it(tmp_path):
 def test_keep_last_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="keep_last"):
         CheckpointManager(str(tmp_path), keep_last=0)
+
+
+class _RunsCode:
+    """Unpickling this calls os.system: what a crafted checkpoint file would do on resume."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_crafted_checkpoint_cannot_run_code_on_resume(tmp_path, gloo_world_one):  # noqa: F811 (fixture)
+    import torch
+
+    from verl.engine_parts import TrainState, load_extra
+    from verl.trainer.checkpoint import STATE_FILE
+
+    m = CheckpointManager(str(tmp_path / "ckpt"), keep_last=2)
+    path = m.save(3, _writer("three"), {"step": 3})
+    marker = tmp_path / "code_ran"
+    torch.save({"step": 3, "payload": _RunsCode(str(marker))}, os.path.join(path, STATE_FILE))
+    with pytest.raises(ValueError, match=STATE_FILE):
+        m.load_state(path)
+    torch.save({"steps": 1, "rng": _RunsCode(str(marker))}, os.path.join(path, "extra_rank0.pt"))
+    with pytest.raises(ValueError, match="extra_rank0.pt"):
+        load_extra(path, TrainState())
+    assert not marker.exists()
+
+
+def test_trainer_state_with_rng_round_trips_through_the_safe_loader(tmp_path):
+    import random
+
+    import numpy as np
+    import torch
+
+    from verl.utils.rng import get_rng_state, set_rng_state
+
+    m = CheckpointManager(str(tmp_path), keep_last=2)
+    state = {"step": 3, "data": {"epoch": 0, "position": 8}, "kl_coef": None, "rng": get_rng_state()}
+    path = m.save(3, _writer("three"), state)
+    expected = (random.random(), float(np.random.rand()), float(torch.rand(())))
+    set_rng_state(m.load_state(path)["rng"])
+    assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == expected

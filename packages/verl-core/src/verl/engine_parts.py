@@ -25,7 +25,7 @@ import torch.distributed as dist
 from verl.engine import EngineConfig, LossFn, Metrics
 from verl.protocol import DataProto
 from verl.utils.lr_schedule import lr_multiplier
-from verl.utils.rng import get_rng_state, set_rng_state
+from verl.utils.rng import get_rng_state, safe_load, set_rng_state
 
 
 def require_optimizer(optimizer: Optional[object]) -> None:
@@ -105,7 +105,7 @@ def save_extra(path: str, state: TrainState) -> None:
 
 def load_extra(path: str, state: TrainState) -> None:
     """Restore what save_extra wrote: the step count into `state`, the RNG streams of this process."""
-    extra = torch.load(_extra_file(path), weights_only=False)
+    extra = safe_load(_extra_file(path))
     # (FSDP checkpoints written before the step count was saved hold the LR scheduler's state instead.)
     state.steps = extra["steps"] if "steps" in extra else (extra.get("scheduler") or {}).get("last_epoch", 0)
     set_rng_state(extra["rng"])

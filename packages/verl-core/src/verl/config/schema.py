@@ -286,6 +286,10 @@ class CriticConfig:
 @dataclass
 class RewardConfig:
     fn: Any = None  # a registered reward function name, or {_target_: pkg.module.fn, **kwargs}
+    # A sample whose reward function raises or returns no number: stop the run naming it (raise), or give it
+    # error_score, count it (reward/fn_errors) and warn (score).
+    on_error: str = one_of("raise", "raise", "score")
+    error_score: float = any_finite(0.0)
     model: Optional[Dict[str, Any]] = None  # a reward model: {_target_: pkg.Model, **kwargs}
     # [low, high] applied to scores; NaN/inf are counted and clamped
     clamp: Optional[List[float]] = checked(
@@ -323,8 +327,9 @@ class TrackingConfig:
     experiment: str = "run"
     wandb_mode: str = one_of("online", "online", "offline", "disabled")
     log_dir: Optional[str] = None  # None: <trainer.output_dir>/logs
+    prometheus_host: str = "127.0.0.1"  # the address the exporter listens on; 0.0.0.0: every interface
     prometheus_port: int = checked(
-        9464, lambda p: 1 <= p <= 65535, "must be a port in [1, 65535], got {v}", "set {key}=9464"
+        9464, lambda p: 0 <= p <= 65535, "must be a port in [0, 65535] (0: any free port), got {v}", "set {key}=9464"
     )
 
 

@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 _SHOWN_CHARS = 300  # of a prompt or response in an error message: the head and the tail
 _MAX_WARNINGS = 3  # non-finite warnings per batch; the rest are only counted
-_OWN_KEYS = {"score", "accuracy", "extra", "model_score", "empty_responses", "nonfinite_count"}
+_OWN_KEYS = {"score", "accuracy", "extra", "model_score", "empty_responses", "nonfinite_count", "fn_errors"}
 
 
 class RewardFunctionError(RuntimeError):
@@ -72,6 +72,8 @@ class RewardManager:
         clamp: tuple[float, float] | None = None,
         reward_model: Any = None,
         num_workers: int = 0,
+        on_error: str = "raise",
+        error_score: float = 0.0,
     ):
         if fn is None and reward_model is None:
             raise ValueError("RewardManager needs a reward function (fn) or a reward_model, got neither")
@@ -84,6 +86,9 @@ class RewardManager:
         self.clamp = _check_clamp(clamp)
         self.reward_model = reward_model
         self.num_workers = num_workers
+        if on_error not in ("raise", "score"):
+            raise ValueError(f"on_error must be 'raise' or 'score', got {on_error!r}")
+        self.on_error, self.error_score = on_error, error_score
 
     def __call__(self, batch: DataProto) -> tuple[torch.Tensor, dict[str, float]]:
         responses = _tensor(batch, "responses")
@@ -101,8 +106,12 @@ class RewardManager:
 
         fn_results = None
         if self.fn is not None:
-            fn_results = self._fn_results(batch, responses, mask, sources, indices)
+            failures: list[RewardFunctionError] = []
+            fn_results = self._fn_results(batch, responses, mask, sources, indices, failures)
             scores += self._finite([r.score for r in fn_results], "reward.fn", replaced)
+            metrics["reward/fn_errors"] = float(len(failures))
+            for failure in failures[:_MAX_WARNINGS]:
+                logger.warning("%s\n  scored %s (reward.on_error=score)", failure, self.error_score)
         if self.reward_model is not None:
             model_scores = self._finite(self._model_scores(batch, responses), "reward.model", replaced)
             metrics["reward/model_score/mean"] = _mean(model_scores.tolist())
@@ -126,8 +135,16 @@ class RewardManager:
     # ------------------------------------------------------------------ the reward function
 
     def _fn_results(
-        self, batch: DataProto, responses: torch.Tensor, mask: torch.Tensor, sources: list[str], indices: list
+        self,
+        batch: DataProto,
+        responses: torch.Tensor,
+        mask: torch.Tensor,
+        sources: list[str],
+        indices: list,
+        failures: list,
     ) -> list[_FnResult]:
+        """Each row's result; a row whose function raised or returned no number raises, or (on_error=score) scores
+        error_score and is added to `failures`."""
         n = responses.shape[0]
         texts = self.tokenizer.batch_decode(
             [row[m].tolist() for row, m in zip(responses.cpu(), mask.bool().cpu())], skip_special_tokens=True
@@ -155,7 +172,11 @@ class RewardManager:
                     f"  response: {_shorten(texts[i])!r}\n"
                     f"  ground_truth: {_shorten(truths[i])!r}"
                 )
-                raise RewardFunctionError(message, row=i, index=indices[i], data_source=sources[i]) from e
+                error = RewardFunctionError(message, row=i, index=indices[i], data_source=sources[i])
+                if self.on_error == "raise":
+                    raise error from e
+                failures.append(error)  # list.append is atomic: safe from the scoring threads
+                return _FnResult(self.error_score, None, {})
 
         if self.num_workers > 1 and n > 1:
             # Threads help only when the function waits (a sandbox, an HTTP judge); map keeps row order,
@@ -237,7 +258,11 @@ def make_reward_manager(reward_cfg: Any, tokenizer: Any, reward_fn: Any = None, 
         clamp = _check_clamp(config_value(reward_cfg, "clamp"))
     except ValueError as e:
         raise _error("reward.clamp", str(e), "write it as [low, high] with low <= high") from None
-    return RewardManager(fn, tokenizer=tokenizer, clamp=clamp, reward_model=model, **kwargs)
+    errors = {
+        "on_error": config_value(reward_cfg, "on_error", "raise"),
+        "error_score": config_value(reward_cfg, "error_score", 0.0),
+    }
+    return RewardManager(fn, tokenizer=tokenizer, clamp=clamp, reward_model=model, **errors, **kwargs)
 
 
 # ---------------------------------------------------------------------- helpers

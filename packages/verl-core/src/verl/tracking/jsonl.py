@@ -13,7 +13,8 @@ FILENAME = "metrics.jsonl"
 
 
 class JsonlLogger:
-    """`{"step": 3, "time": <unix seconds>, "<metric>": value, ...}` per line; a resumed run appends."""
+    """`{"step": 3, "time": <unix seconds>, "<metric>": value, ...}` per line; a resumed run appends after
+    `resume_at` has dropped the steps logged past its checkpoint (a killed run logged them; they rerun)."""
 
     def __init__(self, cfg: Any = None, *, run_config: dict | None = None, log_dir: str):
         os.makedirs(log_dir, exist_ok=True)
@@ -26,5 +27,25 @@ class JsonlLogger:
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()  # a crashed run keeps every step it logged
 
+    def resume_at(self, step: int) -> None:
+        """Keep the records of steps <= `step` (and no half-written line), rewriting the file atomically."""
+        self._file.close()
+        with open(self.path, encoding="utf-8") as f:
+            kept = [line for line in f if _step_of(line) is not None and _step_of(line) <= step]
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(kept)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+
     def close(self) -> None:
         self._file.close()
+
+
+def _step_of(line: str) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):  # a line cut short by a kill
+        return None

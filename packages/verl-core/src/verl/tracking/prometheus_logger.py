@@ -1,7 +1,8 @@
 """The Prometheus logger: each metric as a gauge (actor/pg_loss -> verl_actor_pg_loss) served over HTTP.
 
 The gauges live in a private registry, so several trackers in one process (or other libraries' metrics)
-never collide. `tracking.prometheus_port: 0` lets the OS pick a free port; the chosen port is logged.
+never collide. `tracking.prometheus_port: 0` lets the OS pick a free port; the chosen port is logged. It listens
+on `tracking.prometheus_host`, loopback unless configured (0.0.0.0 exposes the metrics to the network).
 """
 
 from __future__ import annotations
@@ -39,20 +40,21 @@ class PrometheusLogger:
         self._step = prometheus_client.Gauge(
             PREFIX + "step", "the step of the last metrics logged", registry=self.registry
         )
+        self.host = getattr(cfg, "prometheus_host", "127.0.0.1")
         self.port = self._serve(cfg.prometheus_port)
 
     def _serve(self, port: Any) -> int:
         if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
             raise _port_error(f"expected a port number 0-65535, got {port!r}", "set it to a free port, or 0 for any")
         try:
-            self._server, self._thread = self._client.start_http_server(port, registry=self.registry)
+            self._server, self._thread = self._client.start_http_server(port, addr=self.host, registry=self.registry)
         except OSError as e:
             raise _port_error(
-                f"cannot serve Prometheus metrics on port {port} ({e.strerror or e})",
+                f"cannot serve Prometheus metrics on {self.host} port {port} ({e.strerror or e})",
                 "set tracking.prometheus_port to a free port, or 0 to let the system pick one",
             ) from None
         chosen = self._server.server_port
-        logger.info("serving Prometheus metrics at http://localhost:%d/metrics", chosen)
+        logger.info("serving Prometheus metrics at http://%s:%d/metrics", self.host, chosen)
         return chosen
 
     def log(self, metrics: dict[str, float], step: int) -> None:

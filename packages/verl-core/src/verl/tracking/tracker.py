@@ -73,6 +73,12 @@ class Tracker:
         for backend in self.loggers.values():
             backend.log(clean, int(step))
 
+    def resume_at(self, step: int) -> None:
+        """A resumed run continues after `step`: loggers that keep a file drop what they logged past it."""
+        for backend in self.loggers.values():
+            if hasattr(backend, "resume_at"):
+                backend.resume_at(step)
+
     def close(self) -> None:
         """Close every logger (each even if another fails); later calls do nothing."""
         if self._closed:

@@ -19,6 +19,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from verl.utils.rng import safe_load
+
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 COMPLETE = "COMPLETE"
 STATE_FILE = "trainer_state.pt"
@@ -74,7 +76,7 @@ class CheckpointManager:
     def load_state(self, path: str) -> Dict[str, Any]:
         if not os.path.exists(os.path.join(path, COMPLETE)):
             raise FileNotFoundError(f"{path} is not a complete checkpoint (no {COMPLETE} marker); pick another")
-        return torch.load(os.path.join(path, STATE_FILE), weights_only=False)
+        return safe_load(os.path.join(path, STATE_FILE))
 
     def _prune(self) -> None:
         for step in self.steps()[: -self.keep_last]:

@@ -24,6 +24,7 @@ from verl.algos.metrics import data_metrics, rollout_mismatch_metrics
 from verl.config.errors import ConfigError
 from verl.config.loader import load_config
 from verl.config.plan import Plan
+from verl.config.run_checks import check_run
 from verl.config.schema import VerlConfig
 from verl.config.validate import errors, validate_and_plan
 from verl.controller import init_ray, shutdown_ray
@@ -57,9 +58,10 @@ def tokens_in(batch: DataProto) -> int:
     return int(batch.batch["attention_mask"].sum())
 
 
-def resolve_config(config: Any, overrides: Sequence[str] = ()) -> Tuple[DictConfig, Plan]:
+def resolve_config(config: Any, overrides: Sequence[str] = (), reward_given: bool = False) -> Tuple[DictConfig, Plan]:
     """A config (a loaded DictConfig, a recipe path, or a plain dict of sections) checked as `verl train` checks
-    it: ConfigError listing every problem at once; warnings are logged. Returns the config and its plan."""
+    it, files included: ConfigError listing every problem at once; warnings are logged. Returns the config and
+    its plan. `reward_given`: the caller passes a reward function, so the config need not name one."""
     if isinstance(config, VerlConfig):
         config = OmegaConf.structured(config)
     if isinstance(config, DictConfig) and OmegaConf.get_type(config) is not VerlConfig:
@@ -69,6 +71,7 @@ def resolve_config(config: Any, overrides: Sequence[str] = ()) -> Tuple[DictConf
     elif overrides:
         raise ValueError("overrides apply to a recipe path or a dict; merge them into a loaded config yourself")
     plan, problems = validate_and_plan(config, strict=True)
+    problems += check_run(config, [r for r in ("critic",) if plan is not None and plan.has(r)], True, reward_given)
     for problem in problems:
         if problem.severity != "error":
             logger.warning("%s", problem.format())
@@ -97,7 +100,9 @@ class PPOTrainer:
         plan: Optional[Plan] = None,
     ):
         if plan is None:
-            config, plan = resolve_config(config, overrides)  # (validation imports trainer.plugins)
+            config, plan = resolve_config(
+                config, overrides, reward_given=reward_fn is not None
+            )  # (validation imports trainer.plugins)
         else:
             load_plugins(config.trainer.plugins)  # user registrations before any name is looked up
         self.cfg = cfg = config
@@ -332,6 +337,7 @@ class PPOTrainer:
             self.kl_ctrl.value = state["kl_coef"]
         set_rng_state(state["rng"])
         self.val_history = state["val_history"]
+        self.tracker.resume_at(self.step)  # each step appears once in the logs, however often the run was killed
         logger.info("resumed from %s at step %d", path, self.step)
         print(f"verl: resumed from {path} (step {self.step})", flush=True)
 
