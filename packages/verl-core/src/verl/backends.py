@@ -94,11 +94,7 @@ def installed_backends() -> Dict[str, BackendSpec]:
 
 
 def check_backend(
-    key: str,
-    name: str,
-    kind: BackendKind,
-    installed: Optional[Mapping[str, BackendSpec]] = None,
-    strict: bool = True,
+    key: str, name: str, kind: BackendKind, installed: Optional[Mapping[str, BackendSpec]] = None, strict: bool = True
 ) -> List[ConfigProblem]:
     """Problems with `key: name` (e.g. `rollout.backend: vllm`); empty when it can run here.
 
@@ -109,13 +105,8 @@ def check_backend(
     kinds = {n: k for n, (k, _) in KNOWN_BACKENDS.items()} | {n: s.kind for n, s in installed.items()}
     known = {n for n, k in kinds.items() if k == kind}
     if name in kinds and kinds[name] != kind:
-        return [
-            ConfigProblem(
-                key,
-                f"'{name}' is a {kinds[name]} backend, not a {kind} backend",
-                f"known {kind} backends: {', '.join(sorted(known))}",
-            )
-        ]
+        message = f"'{name}' is a {kinds[name]} backend, not a {kind} backend"
+        return [ConfigProblem(key, message, f"known {kind} backends: {', '.join(sorted(known))}")]
     if name not in known:
         close = difflib.get_close_matches(name, sorted(known), n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""
@@ -123,22 +114,11 @@ def check_backend(
     spec = installed.get(name)
     if spec is None:
         package = KNOWN_BACKENDS[name][1]
-        return [
-            ConfigProblem(
-                key,
-                f"backend '{name}' is provided by the package '{package}', which is not installed",
-                f"pip install {package}",
-            )
-        ]
+        message = f"backend '{name}' is provided by the package '{package}', which is not installed"
+        return [ConfigProblem(key, message, f"pip install {package}")]
     missing = spec.missing_requirements()
     if missing:
         install = spec.install_hint() if spec.extra else f"pip install {' '.join(missing)}"
-        return [
-            ConfigProblem(
-                key,
-                f"backend '{name}' needs {', '.join(repr(m) for m in missing)}, not importable here",
-                install,
-                severity="error" if strict else "warning",
-            )
-        ]
+        message = f"backend '{name}' needs {', '.join(repr(m) for m in missing)}, not importable here"
+        return [ConfigProblem(key, message, install, severity="error" if strict else "warning")]
     return []

@@ -12,13 +12,8 @@ Every operation returns a new DataProto and leaves its inputs unchanged, except 
 so. "New" means new containers: like torch views, results of row slicing (``chunk``, ``split``,
 ``slice``, ``dp[i]``) may share tensor/array storage with the input, so writing into a result's
 tensors in place writes into the input's too. Gathering ops (``repeat``, ``reorder``, index lists)
-copy.
-
-Length rules: a DataProto's length is its tensors' leading dimension, else its non-tensor arrays'
-length, else 0. ``batch`` is ``None`` exactly when there are no tensor keys.
-
-Indexing: ``dp[i]`` with an int returns a size-1 DataProto (not a row object), so every operation
-stays available on it and ``DataProto.concat([dp[0], dp[1]])`` works.
+copy. ``dp[i]`` with an int returns a size-1 DataProto (not a row object), so every operation stays
+available on it and ``DataProto.concat([dp[0], dp[1]])`` works.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Advantage estimators: per-token advantages and returns from rewards, masks and (for some) values or groups.
 
 An estimator is fn(token_level_rewards [B, T], response_mask [B, T], *, ...) -> (advantages [B, T],
-returns [B, T]), taking by keyword whichever of index, values, reward_baselines and config it uses. It
-declares the optional inputs it needs with `register(..., requires=(...))`; `compute_advantages` checks
-them before calling, and `estimator_needs_values` tells the trainer whether a critic must run.
+returns [B, T]), taking by keyword whichever of index, values, reward_baselines and config it uses, and
+declaring the ones it needs with `register(..., requires=(...))`.
 
 Conventions (shared by every built-in estimator):
 - Outcome estimators score a response by the sum of its token rewards over the whole row (as verl does: the
@@ -38,9 +37,6 @@ INPUTS = {
     "values": "values (the critic's per-token values, Tensor[B, T]; enable the critic)",
     "reward_baselines": "reward_baselines (the reward of each prompt's greedy response, Tensor[B])",
 }
-
-
-# --------------------------------------------------------------------------- helpers
 
 
 class _GroupStats(NamedTuple):
@@ -81,9 +77,6 @@ def _zero_outside(x: Tensor, response_mask: Tensor) -> Tensor:
 
 def _whiten(x: Tensor, response_mask: Tensor) -> Tensor:
     return _zero_outside(masked_whiten(x, response_mask), response_mask)
-
-
-# --------------------------------------------------------------------------- estimators
 
 
 @ADV_ESTIMATORS.register("gae", requires=("values",))
@@ -207,9 +200,6 @@ def remax(token_level_rewards: Tensor, response_mask: Tensor, *, reward_baseline
     returns = rewards.flip(-1).cumsum(dim=-1).flip(-1)
     advantages = _zero_outside(returns - reward_baselines.to(dtype).reshape(-1, 1), response_mask)
     return advantages, _zero_outside(returns, response_mask)
-
-
-# --------------------------------------------------------------------------- entry points
 
 
 def estimator_requires(name_or_spec: Any) -> tuple[str, ...]:

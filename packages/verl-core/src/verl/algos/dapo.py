@@ -40,11 +40,7 @@ def filter_groups(scores: Tensor | np.ndarray, index: Any, *, keep_singletons: b
 
 
 def overlong_penalty(
-    response_lengths: Tensor | np.ndarray,
-    *,
-    max_response_length: int,
-    buffer_len: int,
-    penalty_factor: float,
+    response_lengths: Tensor | np.ndarray, *, max_response_length: int, buffer_len: int, penalty_factor: float
 ) -> Tensor:
     """DAPO's soft overlong punishment per response, [B]: 0 up to L_max - buffer, then linear down to -factor at L_max.
 

@@ -145,9 +145,6 @@ def apply_kl_penalty(
     return rewards, {"kl": current_kl, "kl_coef": beta}
 
 
-# --------------------------------------------------------------------------- controllers
-
-
 class FixedKLController:
     """A constant KL coefficient."""
 

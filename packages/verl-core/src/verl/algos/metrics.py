@@ -28,13 +28,8 @@ def token_stats(values: Tensor, mask: Tensor, prefix: str) -> dict[str, float]:
 
 def _seq_stats(per_seq: Tensor, prefix: str) -> dict[str, float]:
     per_seq = per_seq.to(acc_dtype(per_seq))
-    if per_seq.numel() == 0:
-        return {f"{prefix}mean": 0.0, f"{prefix}max": 0.0, f"{prefix}min": 0.0}
-    return {
-        f"{prefix}mean": float(per_seq.mean()),
-        f"{prefix}max": float(per_seq.max()),
-        f"{prefix}min": float(per_seq.min()),
-    }
+    stats = (per_seq.mean(), per_seq.max(), per_seq.min()) if per_seq.numel() else (0.0, 0.0, 0.0)
+    return {f"{prefix}{name}": float(value) for name, value in zip(("mean", "max", "min"), stats)}
 
 
 def _log_ratio(old_log_prob: Tensor, log_prob: Tensor) -> Tensor:

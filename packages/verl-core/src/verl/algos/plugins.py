@@ -23,13 +23,8 @@ def load_plugins(modules: Sequence[str], *, key: str = "trainer.plugins") -> lis
     for i, name in enumerate(modules):
         item_key = f"{key}.{i}"
         if not isinstance(name, str) or not name.strip():
-            problems.append(
-                ConfigProblem(
-                    item_key,
-                    f"expected a module name such as 'my_pkg.estimators', got {name!r}",
-                    "give a dotted module name",
-                )
-            )
+            message = f"expected a module name such as 'my_pkg.estimators', got {name!r}"
+            problems.append(ConfigProblem(item_key, message, "give a dotted module name"))
             continue
         module = name.strip()
         try:

@@ -26,13 +26,7 @@ from verl.algos.aggregation import agg_loss
 from verl.algos.registry import Registry
 from verl.algos.utils import acc_dtype, accepted_kwargs, config_value, masked_mean, zero_padding
 
-__all__ = [
-    "POLICY_LOSSES",
-    "clip_range",
-    "compute_policy_loss",
-    "entropy_loss",
-    "truncated_is_weights",
-]
+__all__ = ["POLICY_LOSSES", "clip_range", "compute_policy_loss", "entropy_loss", "truncated_is_weights"]
 
 POLICY_LOSSES = Registry("policy loss")
 

@@ -109,8 +109,6 @@ class Registry:
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}: {', '.join(self.names())})"
 
-    # ------------------------------------------------------------------ helpers
-
     def _unknown(self, name: str, key: str) -> UnknownNameError:
         names = self.names()
         close = difflib.get_close_matches(str(name), names, n=1)
@@ -141,15 +139,8 @@ class Registry:
         if not callable(target):
             target = resolve_target(target, key=target_key)
             if not callable(target):  # e.g. a module constant: calling it would fail mid-run
-                raise ConfigError(
-                    [
-                        ConfigProblem(
-                            target_key,
-                            f"'{spec['_target_']}' is a {type(target).__name__}, not a callable {self.kind}",
-                            "name a function (pkg.module.fn)",
-                        )
-                    ]
-                )
+                message = f"'{spec['_target_']}' is a {type(target).__name__}, not a callable {self.kind}"
+                raise ConfigError([ConfigProblem(target_key, message, "name a function (pkg.module.fn)")])
         if not kwargs:  # the function itself, so its attributes stay visible
             return target
         return instantiate({**spec, "_target_": target, "_partial_": True}, key=key)

@@ -98,18 +98,14 @@ def zero_padding(mask: Tensor, *tensors: Tensor) -> tuple[Tensor, ...]:
 
 def masked_max(values: Tensor, mask: Tensor) -> Tensor:
     """Largest value where mask is set; 0 when the mask is empty."""
-    v = values.to(acc_dtype(values))
-    if not bool(mask.bool().any()):
-        return v.new_zeros(())
-    return v[mask.bool()].max()
+    v = values.to(acc_dtype(values))[mask.bool()]
+    return v.max() if v.numel() else v.new_zeros(())
 
 
 def masked_min(values: Tensor, mask: Tensor) -> Tensor:
     """Smallest value where mask is set; 0 when the mask is empty."""
-    v = values.to(acc_dtype(values))
-    if not bool(mask.bool().any()):
-        return v.new_zeros(())
-    return v[mask.bool()].min()
+    v = values.to(acc_dtype(values))[mask.bool()]
+    return v.min() if v.numel() else v.new_zeros(())
 
 
 def group_ids(index: Any, batch_size: int, *, name: str = "index") -> tuple[Tensor, int]:

@@ -33,7 +33,6 @@ def compute_value_loss(
     if cliprange_value < 0:
         raise ValueError(f"critic.cliprange_value must be >= 0, got {cliprange_value}")
     v, r, old = zero_padding(response_mask, vpreds, returns, values)
-    dtype = v.dtype
     v_clipped = torch.clamp(v, old - cliprange_value, old + cliprange_value)
     loss_unclipped = (v - r) ** 2
     loss_clipped = (v_clipped - r) ** 2
@@ -41,7 +40,7 @@ def compute_value_loss(
         torch.maximum(loss_unclipped, loss_clipped), response_mask, loss_agg_mode, norm_length=norm_length
     )
     metrics = {
-        "vf_clipfrac": masked_mean((loss_clipped > loss_unclipped).to(dtype), response_mask).detach(),
+        "vf_clipfrac": masked_mean((loss_clipped > loss_unclipped).to(v.dtype), response_mask).detach(),
         "vpred_mean": masked_mean(v, response_mask).detach(),
     }
     return loss, metrics

@@ -1,8 +1,4 @@
-"""The single controller: resource pools, worker groups and how calls on them are dispatched to workers.
-
-See dispatch.py (how a call is split and gathered), worker.py (the worker base class), resource_pool.py
-(Ray placement groups per pool), worker_group.py (the group, over a Ray or an in-process executor) and ray_cluster.py.
-"""
+"""The single controller: resource pools, worker groups and how calls on them are dispatched to workers."""
 
 from verl.controller.dispatch import Dispatch, register
 from verl.controller.errors import WorkerError

@@ -8,14 +8,12 @@ A worker class marks the methods the driver may call with `@register(Dispatch.X)
 
 Both are pure (no Ray), so the Ray group and the in-process local group share them exactly.
 
-`infos` is each rank's `Worker.dispatch_info(mesh)` (read through `read_dispatch_infos`): its data-parallel
-rank, the data-parallel size, and whether the driver collects its result. A worker may lay its ranks out
-differently for different methods (a megatron actor trains with TP=2, dp=1, while the rollout beside it
-generates with TP=1, dp=2): each DP_COMPUTE method names its layout, `mesh` ("train" unless registered
-otherwise), and a mesh a worker never set falls back to its "train" layout. With TP=2 over 4 ranks, for
-example, ranks 0,1 are dp rank 0 and ranks 2,3 dp rank 1; both ranks of a TP group get the same chunk
-and only the first one's result is collected. The other ranks' results are still fetched (that is how
-their errors surface) and then dropped, so a worker may return None on ranks that are not collected.
+`infos` is each rank's `Worker.dispatch_info(mesh)`: its dp rank, the dp size, and whether the driver collects
+its result. Each DP_COMPUTE method names its layout, `mesh` ("train" unless registered otherwise), since a
+worker may lay its ranks out differently per method (a megatron actor trains with TP=2, its rollout generates
+with TP=1). With TP=2 over 4 ranks, ranks 0,1 are dp rank 0 and get the same chunk; only rank 0's result is
+collected. The others' results are still fetched (that is how their errors surface) and then dropped, so a
+worker may return None on ranks that are not collected.
 """
 
 from __future__ import annotations
@@ -60,9 +58,8 @@ RankCall = tuple[tuple, dict]
 def register(dispatch: Dispatch = Dispatch.ONE_TO_ALL, *, mesh: str = "train") -> Callable:
     """Mark a worker method as callable from the driver through a worker group.
 
-    Usable as `@register`, `@register(Dispatch.DP_COMPUTE)` or `@register(Dispatch.DP_COMPUTE, mesh="rollout")`
-    (split by the worker's "rollout" layout). The method itself is unchanged (a worker calling it directly gets a plain call). An override in a
-    subclass keeps the base's registration unless it is decorated itself.
+    Usable as `@register`, `@register(Dispatch.DP_COMPUTE)` or `@register(Dispatch.DP_COMPUTE, mesh="rollout")`.
+    The method itself is unchanged; an override in a subclass keeps the base's registration unless decorated itself.
     """
     if inspect.isfunction(dispatch):  # bare @register
         return register()(dispatch)

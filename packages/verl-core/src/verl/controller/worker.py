@@ -80,15 +80,8 @@ class Worker:
                     "use the same backend (call init_distributed once with it)"
                 )
             return
-        env = {
-            "RANK": self.rank,
-            "WORLD_SIZE": self.world_size,
-            "LOCAL_RANK": self.local_rank,
-            "MASTER_ADDR": self.master_addr,
-            "MASTER_PORT": self.master_port,
-        }
-        for key, value in env.items():
-            os.environ.setdefault(key, str(value))
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            os.environ.setdefault(key, str(getattr(self, key.lower())))  # each has a property of that name
         dist.init_process_group(
             backend=backend,
             init_method="env://",

@@ -6,12 +6,8 @@
     out = actor.call(ActorWorker.compute_log_prob, batch)  # DP_COMPUTE: split by dp rank, results concatenated
 
 A call names the worker method itself (so go-to-definition leads from the call to the code that runs) or its
-name. There is one group; what differs between Ray and local mode is the executor: `RayExecutor` (one Ray
-actor per device of a pool) or `LocalExecutor` (one worker in this process, arguments and results deep-copied
-as a trip through Ray copies them, so `breakpoint()` works and a worker that mutates its input behaves the
-same in both modes). A failure on any rank is raised as WorkerError (role, ranks, method, the worker's
-traceback). Each group counts its round trips and the bytes of tensors it ships each way (`take_stats`), which
-the trainer reports per step.
+name. Ray and local mode differ only in the executor: `RayExecutor` or `LocalExecutor` (in this process, so
+`breakpoint()` works). A failure on any rank is raised as WorkerError.
 """
 
 from __future__ import annotations
@@ -313,6 +309,9 @@ def _local_traceback(err: BaseException) -> str:
 class LocalExecutor:
     """One `worker_cls` in this process (world size 1), with the same calls and errors as RayExecutor.
 
+    Arguments and results are deep-copied, as a trip through Ray copies them, so a worker that mutates its
+    input behaves the same in both modes.
+
     The process environment gets RANK=0, WORLD_SIZE=1, LOCAL_RANK=0, MASTER_ADDR/PORT (kept when already
     set: colocated local groups share this process and its one process group) and `env`. `pool` (optional) only
     gives the device type.
@@ -338,7 +337,7 @@ class LocalExecutor:
         _check_env(env)
         os.environ.update({key: str(value) for key, value in (env or {}).items()})
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
-        os.environ.update({DEVICE_ENV: pool.device if pool is not None else "cpu"})
+        os.environ[DEVICE_ENV] = pool.device if pool is not None else "cpu"
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
         try:

@@ -63,13 +63,7 @@ class ResumableSampler:
             yield self.next_indices()
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "epoch": self.epoch,
-            "position": self.position,
-            "seed": self.seed,
-            "n": self.n,
-            "batch_size": self.batch_size,
-        }
+        return {key: getattr(self, key) for key in ("epoch", "position", "seed", "n", "batch_size")}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state`, which must come from a sampler over the same rows and batch size."""

@@ -95,9 +95,4 @@ def collate_sft(items: Sequence[dict[str, torch.Tensor]], pad_id: int) -> dict[s
     attention_mask = pad_sequence([torch.ones_like(t) for t in ids], batch_first=True)
     loss_mask = pad_sequence([item["loss_mask"] for item in items], batch_first=True)
     position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "position_ids": position_ids,
-        "loss_mask": loss_mask,
-    }
+    return dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, loss_mask=loss_mask)

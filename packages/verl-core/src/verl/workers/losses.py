@@ -20,9 +20,8 @@ def actor_loss_fn(actor_cfg) -> LossFn:
 
     def loss_fn(out: Dict[str, torch.Tensor], mb: DataProto) -> Tuple[torch.Tensor, Dict[str, float]]:
         b = mb.batch
-        mask = b["response_mask"].to(out["log_probs"].device)
         log_prob = out["log_probs"]
-        rollout_lp = b.get("rollout_log_probs")
+        mask = b["response_mask"].to(log_prob.device)
         pg_loss, pg_metrics = compute_policy_loss(
             actor_cfg.policy_loss,
             b["old_log_probs"],
@@ -31,7 +30,7 @@ def actor_loss_fn(actor_cfg) -> LossFn:
             mask,
             loss_agg_mode=actor_cfg.loss_agg_mode,
             config=actor_cfg,
-            rollout_log_probs=rollout_lp,
+            rollout_log_probs=b.get("rollout_log_probs"),
         )
         loss = pg_loss
         metrics = {"pg_loss": _num(pg_loss), **{k: _num(v) for k, v in pg_metrics.items()}}
