@@ -99,6 +99,8 @@ CASES = [
     ),
     ("policy_loss_missing", ["actor.policy_loss._target_=os.path.no_such_fn"], "actor.policy_loss", "no_such_fn"),
     ("plugin_missing", ["trainer.plugins=[no_such_plugin_mod]"], "trainer.plugins", "no_such_plugin_mod"),
+    ("interpolation_unresolved", ["tracking.log_dir=${{trainer.nope}}/logs"], "tracking.log_dir", "trainer.nope"),
+    ("interpolation_in_a_number", ["actor.optim.lr=${{trainer.nope}}"], "actor.optim.lr", "trainer.nope"),
     # one problem must not hide another
     ("n_zero_and_batch", ["rollout.n=0", "data.train_batch_size=7"], "rollout.n", "actor.ppo_mini_batch_size"),
     # files: the model folder, tokenizer, data and checkpoint exist and are what they should be

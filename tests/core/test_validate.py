@@ -459,3 +459,10 @@ def test_every_number_in_the_schema_has_a_declared_range():
 
     undeclared = [key for key, meta in numbers(VerlConfig) if not {"check", "choices", "checked_by"} & set(meta)]
     assert undeclared == []
+
+
+def test_an_interpolation_that_does_not_resolve_is_a_problem_not_a_crash():
+    cfg = make_cfg({"tracking": {"log_dir": "${trainer.nope}/logs"}, "actor": {"optim": {"lr": "${trainer.nope2}"}}})
+    problems = validate(cfg)
+    assert [p.key for p in problems] == ["actor.optim.lr", "tracking.log_dir"]
+    assert "trainer.nope2" in problems[0].message and problems[0].severity == "error"

@@ -93,8 +93,8 @@ def _check(recipe: str, overrides: Sequence[str], strict: bool, show_config: boo
             print("# resolved config")
             print(to_yaml(cfg, resolve=True).rstrip())
             print()
-    except ConfigError as e:  # an interpolation that does not resolve
-        _print_problems(problems + e.problems, sys.stderr)
+    except ConfigError as e:  # an interpolation that does not resolve (once per key)
+        _print_problems(problems + [p for p in e.problems if p.key not in {q.key for q in problems}], sys.stderr)
         return cfg, None, EXIT_BAD_CONFIG
     print("# plan")
     print(format_plan(plan) if plan is not None else "(no plan: the config has errors, listed below)")

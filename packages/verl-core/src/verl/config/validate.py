@@ -14,6 +14,7 @@ import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from verl.config.algorithm_checks import (
     check_dapo,
@@ -419,6 +420,25 @@ CHECKS: Sequence[Check] = (
 )
 
 
+def _unresolved(node: Any, prefix: str = "") -> List[ConfigProblem]:
+    """An interpolation (`${...}`) that does not resolve, at each key that has one."""
+    problems: List[ConfigProblem] = []
+    keys = range(len(node)) if OmegaConf.is_list(node) else list(node.keys())
+    for k in keys:
+        key = f"{prefix}[{k}]" if OmegaConf.is_list(node) else f"{prefix}{'.' if prefix else ''}{k}"
+        if OmegaConf.is_missing(node, k):  # `???`: check_missing names it
+            continue
+        try:
+            v = node[k]
+        except OmegaConfBaseException as e:
+            reason = str(e).splitlines()[0]
+            problems.append(error_at(key, f"does not resolve: {reason}", "fix the ${...} reference or give a value"))
+            continue
+        if OmegaConf.is_config(v):
+            problems += _unresolved(v, key)
+    return problems
+
+
 def validate_and_plan(
     cfg: Any, strict: bool = True, installed: Optional[Mapping[str, Any]] = None
 ) -> Tuple[Optional[Plan], List[ConfigProblem]]:
@@ -428,6 +448,9 @@ def validate_and_plan(
     installed: backends by name (default: those installed in this environment).
     """
     cfg = as_config(cfg)
+    unresolved = _unresolved(cfg)
+    if unresolved:  # every check reads values: they would fail on these
+        return None, unresolved
     problems = plugin_problems(cfg)
     ctx = Context(cfg, strict, installed, draft_plan(cfg))
     problems += [p for check in CHECKS for p in check(ctx)]
