@@ -31,7 +31,7 @@ class JsonlLogger:
         """Keep the records of steps <= `step` (and no half-written line), rewriting the file atomically."""
         self._file.close()
         with open(self.path, encoding="utf-8") as f:
-            kept = [line for line in f if _step_of(line) is not None and _step_of(line) <= step]
+            kept = [line for line in f if (logged := _step_of(line)) is not None and logged <= step]
         tmp = self.path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             f.writelines(kept)
