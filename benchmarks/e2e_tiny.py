@@ -162,7 +162,6 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=2, help="warm-up steps left out of the medians")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "e2e_tiny.md"))
     args = parser.parse_args()
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from verl.config.loader import load_config
 
     cfg = load_config(RECIPE, ["trainer.resume=disable"])

@@ -98,6 +98,21 @@ CASES = [
         "not a callable",
     ),
     ("policy_loss_missing", ["actor.policy_loss._target_=os.path.no_such_fn"], "actor.policy_loss", "no_such_fn"),
+    # a callable with the wrong signature would fail on the first batch: refused now, with the call it must take
+    ("estimator_signature", ["algorithm.adv_estimator._target_=math.sqrt"], "algorithm.adv_estimator", "math.sqrt"),
+    (
+        "policy_loss_signature",
+        ["actor.policy_loss._target_=os.path.exists"],
+        "actor.policy_loss",
+        "fn(old_log_prob, log_prob, advantages, response_mask",
+    ),
+    ("kl_ctrl_signature", ["algorithm.kl_ctrl.type._target_=os.getcwd"], "algorithm.kl_ctrl.type", "os.getcwd"),
+    (
+        "estimator_unknown_kwarg",
+        ["algorithm.adv_estimator={{_target_: verl.algos.advantages.rloo, gamma: 0.9}}"],
+        "algorithm.adv_estimator",
+        "unexpected keyword argument 'gamma'",
+    ),
     ("plugin_missing", ["trainer.plugins=[no_such_plugin_mod]"], "trainer.plugins", "no_such_plugin_mod"),
     ("interpolation_unresolved", ["tracking.log_dir=${{trainer.nope}}/logs"], "tracking.log_dir", "trainer.nope"),
     ("interpolation_in_a_number", ["actor.optim.lr=${{trainer.nope}}"], "actor.optim.lr", "trainer.nope"),

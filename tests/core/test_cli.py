@@ -159,6 +159,28 @@ def test_bad_input_found_while_running_is_a_message_and_exit_2(tmp_path, capsys,
         cli.main(["train", recipe(tmp_path)])
 
 
+def test_a_dead_worker_stops_the_run_with_role_rank_and_the_command_that_resumes(tmp_path, capsys, monkeypatch):
+    from verl.controller import WorkerError
+
+    def worker_died(cfg, plan, name):
+        raise WorkerError(
+            "actor_rollout", "update_actor", {1: "ActorDiedError: the actor died unexpectedly"}, {1: None}, 2
+        )
+
+    monkeypatch.setattr(cli, "start_trainer", worker_died)
+    out_dir = tmp_path / "run"
+    path = recipe(tmp_path)
+    code, _, err = run(capsys, "train", path, f"trainer.output_dir={out_dir}")
+    assert code == 2 and "role 'actor_rollout': method 'update_actor' failed on rank 1 (of 2)" in err
+    assert "before its first checkpoint" in err and f"verl train {path} trainer.output_dir={out_dir}" in err
+
+    (out_dir / "checkpoints" / "step_4").mkdir(parents=True)
+    (out_dir / "checkpoints" / "step_4" / "COMPLETE").write_text("{}")
+    code, _, err = run(capsys, "train", path, f"trainer.output_dir={out_dir}", "trainer.resume=disable")
+    assert f"last checkpoint ({out_dir / 'checkpoints' / 'step_4'})" in err
+    assert err.strip().splitlines()[-2].endswith("trainer.resume=disable trainer.resume=auto")
+
+
 def test_missing_engine_fails_train_but_only_warns_in_dry_run_and_validate(tmp_path, capsys):
     path = recipe(tmp_path)
     code, out, err = run(capsys, "train", path, "rollout.backend=vllm")

@@ -55,3 +55,13 @@ def odd_length_reward(prompt: str, response: str, ground_truth: str, extra: dict
 
 # For `verl train` in a child process: the same reward as a recipe override.
 ODD_LENGTH_REWARD = "reward.fn={_target_: tests.support.run_configs.odd_length_reward}"
+
+
+def raising_reward(prompt: str, response: str, ground_truth: str, extra: dict) -> float:
+    """A reward function with a bug: what a run must report by sample, not as a traceback."""
+    return 1.0 / 0
+
+
+def string_reward(prompt: str, response: str, ground_truth: str, extra: dict) -> str:
+    """A reward function returning the wrong type."""
+    return "correct"

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in
 def two_nodes():
     if ray.is_initialized():
         ray.shutdown()
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # ray.cluster_utils nodes on this machine, for this test only
     cluster = Cluster(initialize_head=True, connect=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()

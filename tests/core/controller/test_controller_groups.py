@@ -7,7 +7,9 @@ one pool and one 2-rank group where they can.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import time
 
 import pytest
@@ -28,7 +30,7 @@ from verl.controller import (
     register,
     shutdown_ray,
 )
-from verl.controller.worker_group import LocalExecutor
+from verl.controller.worker_group import FAILURE_GRACE_S, LocalExecutor
 from verl.protocol import DataProto
 
 pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
@@ -115,6 +117,16 @@ class EchoWorker(Worker):
             "local_rank": self.local_rank,
             "env": {k: os.environ.get(k) for k in ("LOCAL_WORLD_SIZE", "VERL_DEVICE", "RUN_TAG")},
         }
+
+
+class SleepyWorker(Worker):
+    @register(Dispatch.ONE_TO_ALL)
+    def pid(self) -> int:
+        return os.getpid()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
 
 
 class BrokenWorker(Worker):
@@ -269,6 +281,23 @@ def test_constructor_error_is_a_worker_error(cluster):
         assert "FileNotFoundError: no model at /nowhere" in text
     finally:
         pool.remove()
+
+
+def test_a_killed_worker_stops_the_call_within_seconds_naming_role_and_rank(pool):
+    """A rank killed mid-call (OOM killer, a crash): the driver raises at once, not when the others give up."""
+    with ray_group(pool, SleepyWorker, role="rollout", resource_fraction=0.5) as sleepy:
+        victim = sleepy.call(SleepyWorker.pid)[1]
+        killer = threading.Timer(1.0, os.kill, (victim, signal.SIGKILL))
+        start = time.monotonic()
+        killer.start()
+        with pytest.raises(WorkerError) as err:
+            sleepy.call(SleepyWorker.sleep, 120.0)
+        elapsed = time.monotonic() - start
+        killer.join()
+    text = str(err.value)
+    assert "role 'rollout': method 'sleep' failed on rank 1 (of 2)" in text and "rank 0 had not finished" in text
+    assert "ActorDiedError" in text and err.value.causes == {1: None}
+    assert elapsed < 1.0 + FAILURE_GRACE_S + 10, elapsed
 
 
 def free_bundle_cpus(pg_id: str, expected: list[float], timeout_s: float = 10.0) -> list[float]:

@@ -46,7 +46,7 @@ class NodeWorker(Worker):
 def two_nodes():
     if ray.is_initialized():
         ray.shutdown()
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # ray.cluster_utils nodes on this machine, for this test only
     cluster = Cluster(
         initialize_head=True,
         connect=True,

@@ -70,6 +70,35 @@ def test_folder_without_marker_is_not_a_checkpoint(tmp_path):
     assert os.path.exists(tmp_path / "step_1" / COMPLETE)
 
 
+def test_what_a_crash_leaves_is_removed(tmp_path):
+    m = CheckpointManager(str(tmp_path), keep_last=2)
+    m.save(1, _writer("one"), {"step": 1})
+    os.makedirs(tmp_path / "step_2")  # a step folder without its marker (an interrupted copy, a half delete)
+    os.makedirs(tmp_path / ".step_3.tmp-0123abcd")  # an unfinished save
+    os.makedirs(tmp_path / "step_0.old-89abcdef")  # a folder set aside to be deleted
+    (tmp_path / "notes.txt").write_text("mine")  # not a checkpoint's name: left alone
+    assert m.remove_incomplete() == [".step_3.tmp-0123abcd", "step_0.old-89abcdef", "step_2"]
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt", "step_1"] and _read(m.latest()) == "one"
+    assert m.remove_incomplete() == []
+    assert CheckpointManager(str(tmp_path / "absent")).remove_incomplete() == []
+
+
+def test_pruning_sets_a_checkpoint_aside_before_deleting_it(tmp_path, monkeypatch):
+    """A crash mid-delete must not leave a half-deleted step_N that still looks complete."""
+    import shutil
+
+    m = CheckpointManager(str(tmp_path), keep_last=1)
+    m.save(1, _writer("one"), {"step": 1})
+    deleted = []
+    monkeypatch.setattr(shutil, "rmtree", lambda path, ignore_errors=False: deleted.append(os.path.basename(path)))
+    m.save(2, _writer("two"), {"step": 2})  # prunes step 1; the "crash" leaves it undeleted
+    left = [name for name in deleted if os.path.exists(tmp_path / name)]
+    assert len(left) == 1 and left[0].startswith("step_1.old-")
+    assert m.steps() == [2]  # what is left is no longer a checkpoint's name
+    monkeypatch.undo()
+    assert m.remove_incomplete() == left
+
+
 def test_resaving_a_step_replaces_it(tmp_path):
     m = CheckpointManager(str(tmp_path), keep_last=3)
     m.save(2, _writer("old"), {"step": 2})

@@ -434,7 +434,13 @@ class MegatronEngine:
         stream = self.weights()
 
         def write() -> None:
-            write_hf_folder(stream, path, self.hf_config, kind=self.cfg.kind, tokenizer_from=self.cfg.tokenizer_path or self.cfg.model_path)
+            write_hf_folder(
+                stream,
+                path,
+                self.hf_config,
+                kind=self.cfg.kind,
+                tokenizer_from=self.cfg.tokenizer_path or self.cfg.model_path,
+            )
 
         def take_part() -> None:
             for _ in stream:  # every rank takes part in the gathers

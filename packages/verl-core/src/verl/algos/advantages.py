@@ -27,7 +27,11 @@ from verl.algos.utils import acc_dtype, accepted_kwargs, config_value, group_ids
 
 __all__ = ["ADV_ESTIMATORS", "EPSILON", "compute_advantages", "estimator_needs_values"]
 
-ADV_ESTIMATORS = Registry("advantage estimator")
+ADV_ESTIMATORS = Registry(
+    "advantage estimator",
+    args=("token_level_rewards", "response_mask"),
+    offered=("config", "index", "values", "reward_baselines"),
+)
 
 EPSILON = 1e-6  # GRPO's std guard, as in verl
 

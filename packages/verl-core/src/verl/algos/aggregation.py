@@ -21,7 +21,7 @@ from verl.algos.utils import masked_mean, masked_sum
 
 __all__ = ["AGG_MODES", "agg_loss"]
 
-AGG_MODES = Registry("loss aggregation mode")
+AGG_MODES = Registry("loss aggregation mode", args=("loss_mat", "loss_mask"), always=("norm_length",))
 
 
 def _seq_mean(per_seq: Tensor) -> Tensor:

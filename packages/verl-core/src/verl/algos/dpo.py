@@ -21,7 +21,7 @@ from verl.algos.utils import acc_dtype
 
 __all__ = ["DPO_LOSSES", "dpo_loss"]
 
-DPO_LOSSES = Registry("DPO loss")
+DPO_LOSSES = Registry("DPO loss", args=("logits",), always=("beta", "label_smoothing"))
 
 
 @DPO_LOSSES.register("sigmoid", aliases=("dpo",))

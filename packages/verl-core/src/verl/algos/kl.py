@@ -39,8 +39,8 @@ __all__ = [
     "make_kl_controller",
 ]
 
-KL_ESTIMATORS = Registry("KL estimator")
-KL_CONTROLLERS = Registry("KL controller")
+KL_ESTIMATORS = Registry("KL estimator", args=("log_prob", "ref_log_prob"))
+KL_CONTROLLERS = Registry("KL controller", args=("config",))
 
 
 def _diff(log_prob: Tensor, ref_log_prob: Tensor) -> Tensor:

@@ -28,7 +28,11 @@ from verl.algos.utils import acc_dtype, accepted_kwargs, config_value, masked_me
 
 __all__ = ["POLICY_LOSSES", "clip_range", "compute_policy_loss", "entropy_loss", "truncated_is_weights"]
 
-POLICY_LOSSES = Registry("policy loss")
+POLICY_LOSSES = Registry(
+    "policy loss",
+    args=("old_log_prob", "log_prob", "advantages", "response_mask"),
+    offered=("loss_agg_mode", "config", "rollout_log_probs"),
+)
 
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: a larger log-ratio is a bug upstream, not a signal (as in verl)
 

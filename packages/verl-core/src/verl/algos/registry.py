@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -33,8 +34,14 @@ class UnknownNameError(KeyError):
 class Registry:
     """Named functions for one extension point (advantage estimators, policy losses, ...)."""
 
-    def __init__(self, kind: str):
+    def __init__(
+        self, kind: str, args: tuple[str, ...] = (), always: tuple[str, ...] = (), offered: tuple[str, ...] = ()
+    ):
+        """`args`: what the caller passes by position; `always`: keywords it always passes; `offered`: keywords
+        passed only to a function that names them. A `_target_` or callable whose signature cannot take that
+        call is refused when it is looked up (at validation), not on the first batch."""
         self.kind = kind  # what an entry is, for messages: "advantage estimator"
+        self.args, self.always, self.offered = args, always, offered
         self._entries: dict[str, Callable[..., Any]] = {}
 
     def register(self, name: str, *, aliases: Iterable[str] = (), **attrs: Any) -> Callable[[F], F]:
@@ -85,6 +92,7 @@ class Registry:
         if isinstance(spec, Mapping):
             return self._from_target(spec, key)
         if callable(spec):
+            self._check_call(spec, key)
             return spec
         where = f"{key}: " if key else ""
         raise TypeError(
@@ -141,9 +149,38 @@ class Registry:
             if not callable(target):  # e.g. a module constant: calling it would fail mid-run
                 message = f"'{spec['_target_']}' is a {type(target).__name__}, not a callable {self.kind}"
                 raise ConfigError([ConfigProblem(target_key, message, "name a function (pkg.module.fn)")])
+        self._check_call(target, key or target_key, kwargs)
         if not kwargs:  # the function itself, so its attributes stay visible
             return target
         return instantiate({**spec, "_target_": target, "_partial_": True}, key=key)
+
+    def _check_call(self, fn: Callable[..., Any], key: str, bound: Mapping[str, Any] | None = None) -> None:
+        """ConfigError when `fn` (with the recipe's `bound` keywords) cannot take the call this extension point makes."""
+        from verl.config.errors import ConfigError, ConfigProblem
+
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):  # a builtin without a signature: the first call will tell
+            return
+        try:
+            call = signature.bind_partial(*self.args, **{**dict.fromkeys(self.always), **(bound or {})})
+            missing = [
+                p.name
+                for p in signature.parameters.values()
+                if p.name not in call.arguments
+                and p.default is inspect.Parameter.empty
+                and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+                and p.name not in self.offered
+            ]
+            if missing:
+                raise TypeError(f"nothing passes its required argument(s) {', '.join(map(repr, missing))}")
+        except TypeError as e:
+            shape = ", ".join(
+                [*self.args, *([f"*, {', '.join(self.always + self.offered)}"] if self.always or self.offered else [])]
+            )
+            message = f"{_describe(fn)}{signature} cannot be called as a {self.kind} fn({shape}): {e}"
+            fix = f"give it the signature fn({shape}) (keywords it does not use may be left out)"
+            raise ConfigError([ConfigProblem(key or self.kind, message, fix)]) from None
 
 
 def _same_function(a: Callable[..., Any], b: Callable[..., Any]) -> bool:

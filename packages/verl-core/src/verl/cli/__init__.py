@@ -170,9 +170,22 @@ def cmd_train(args: argparse.Namespace) -> int:
         if isinstance(e, ConfigError):
             _print_problems(e.problems, sys.stderr)
         else:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {e}\n\n{_resume_hint(cfg, args)}", file=sys.stderr)
         print("(the traceback: rerun with --debug or VERL_DEBUG=1)", file=sys.stderr)
         return EXIT_BAD_CONFIG
+
+
+def _resume_hint(cfg: Any, args: argparse.Namespace) -> str:
+    """How to go on after a run stopped: the command that continues from its last complete checkpoint."""
+    from verl.trainer.checkpoint import CheckpointManager
+
+    root = cfg.checkpoint.dir or os.path.join(cfg.trainer.output_dir, "checkpoints")
+    latest = CheckpointManager(root).latest()
+    command = " ".join(["verl train", args.recipe, *args.overrides])
+    if latest is None:
+        return f"the run stopped before its first checkpoint; once the cause is fixed, start it again: {command}"
+    resume = "" if cfg.trainer.resume == "auto" else " trainer.resume=auto"
+    return f"the run stopped; once the cause is fixed, continue from its last checkpoint ({latest}): {command}{resume}"
 
 
 def cmd_export(args: argparse.Namespace) -> int:

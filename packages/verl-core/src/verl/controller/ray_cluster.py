@@ -1,11 +1,20 @@
-"""Starting and stopping Ray for a run: connect to a given cluster, or start a local one."""
+"""Starting and stopping Ray for a run: connect to a given cluster, or start a local one that is private to it."""
 
 from __future__ import annotations
 
 import os
+import secrets
+import signal
+import subprocess
+import sys
 from typing import Any
 
 import ray
+
+from verl.controller import reaper
+
+# The process that cleans up after the local cluster init_ray started.
+_local: dict[str, Any] = {"reaper": None}
 
 
 def init_ray(
@@ -22,8 +31,9 @@ def init_ray(
     - `address`, else the RAY_ADDRESS environment variable: connect to that cluster ("auto" finds one started
       with `ray start` on this machine). `num_cpus`/`num_gpus` describe a new cluster and are refused here.
     - Neither: start a local cluster with `num_cpus`/`num_gpus` (None: what the machine has). It never attaches
-      to another user's cluster by accident. RAY_AUTH_MODE defaults to "disabled" for it: Ray 2.60 turns token
-      auth on by default, which a single-machine run does not need.
+      to another user's cluster by accident, and it is private to this process: Ray's servers listen on every
+      interface, so it gets token authentication with a fresh token of its own (unless RAY_AUTH_MODE /
+      RAY_AUTH_TOKEN are set, which are respected), and its processes end with this one, even when it is killed.
     The dashboard is off (it costs memory and startup time).
     """
     if ray.is_initialized():
@@ -35,11 +45,21 @@ def init_ray(
                 f"init_ray: num_cpus/num_gpus size a new local cluster, but address={address!r} connects to an "
                 "existing one (its nodes set their resources); drop them or unset the address / RAY_ADDRESS"
             )
-        new_cluster = {}
-    else:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        address, new_cluster = "local", {"num_cpus": num_cpus, "num_gpus": num_gpus, "include_dashboard": False}
-    ray.init(address=address, log_to_driver=log_to_driver, runtime_env=runtime_env, **new_cluster)
+        ray.init(address=address, log_to_driver=log_to_driver, runtime_env=runtime_env)
+        return True
+    _private_cluster_env()
+    try:
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            include_dashboard=False,
+            log_to_driver=log_to_driver,
+            runtime_env=runtime_env,
+        )
+    except BaseException:
+        _end_local()
+        raise
     return True
 
 
@@ -47,3 +67,37 @@ def shutdown_ray() -> None:
     """Disconnect from Ray (stopping the cluster if this process started it); a no-op when Ray is not running."""
     if ray.is_initialized():
         ray.shutdown()
+    _end_local()
+
+
+def _private_cluster_env() -> None:
+    """Token auth with a token of this process's own, and the tag its processes inherit (read by the reaper)."""
+    auth_given = any(key in os.environ for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"))
+    if not auth_given:
+        # Ray turns token auth on for a new local cluster when RAY_AUTH_MODE is unset; the token is this
+        # process's (Ray's loader caches it for the process), not ~/.ray/auth_token, which runs started side by
+        # side would race to create.
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    tag = f"{os.getpid()}-{secrets.token_hex(6)}"
+    if sys.platform.startswith("linux"):
+        _local["reaper"] = subprocess.Popen(
+            [sys.executable, reaper.__file__, str(os.getpid()), tag],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # outside the run's process group: a Ctrl-C or group kill must not stop it
+            env={k: v for k, v in os.environ.items() if k != reaper.TAG_VAR},
+        )
+    os.environ[reaper.TAG_VAR] = tag
+
+
+def _end_local() -> None:
+    """Have the reaper end what Ray's shutdown left behind; later child processes are no longer the cluster's."""
+    proc, _local["reaper"] = _local["reaper"], None
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    os.environ.pop(reaper.TAG_VAR, None)

@@ -1,8 +1,10 @@
 """Checkpoint folders that are either complete or absent: a crash mid-save never corrupts the last good one.
 
 A checkpoint is written into a hidden temporary folder beside the others, marked complete, then renamed
-into place (`os.replace` is atomic on one filesystem). `latest()` only ever sees complete folders; stale
-temporaries from a crashed save are removed by the next save. The last `keep_last` are kept.
+into place (`os.replace` is atomic on one filesystem). `latest()` only ever sees complete folders. What a crash
+can leave (a save's temporary, a `step_N` without its marker) is removed at the run's start and by each save;
+an old checkpoint is renamed aside before it is deleted, so a crash mid-delete never leaves a half `step_N`.
+The last `keep_last` are kept.
 
 Layout: <root>/step_<N>/{actor/, critic/, trainer_state.pt, COMPLETE}
 """
@@ -54,7 +56,7 @@ class CheckpointManager:
     def save(self, step: int, write: Callable[[str], None], state: Dict[str, Any]) -> str:
         """`write(tmp_dir)` has the workers write their shards; `state` is the driver's (data position, ...)."""
         os.makedirs(self.root, exist_ok=True)
-        self._remove_stale_temporaries()
+        self.remove_incomplete()
         tmp = os.path.join(self.root, f".step_{step}.tmp-{uuid.uuid4().hex[:8]}")
         os.makedirs(tmp)
         write(tmp)
@@ -78,14 +80,33 @@ class CheckpointManager:
             raise FileNotFoundError(f"{path} is not a complete checkpoint (no {COMPLETE} marker); pick another")
         return safe_load(os.path.join(path, STATE_FILE))
 
+    def remove_incomplete(self) -> List[str]:
+        """Delete the leftovers of a crash: unfinished saves, folders set aside, `step_N` without COMPLETE."""
+        if not os.path.isdir(self.root):
+            return []
+        removed = []
+        for name in sorted(os.listdir(self.root)):
+            path = os.path.join(self.root, name)
+            leftover = (name.startswith(".step_") and ".tmp-" in name) or ".old-" in name
+            if leftover or (_STEP_DIR.match(name) and not os.path.exists(os.path.join(path, COMPLETE))):
+                self._discard(path)
+                removed.append(name)
+        return removed
+
     def _prune(self) -> None:
         for step in self.steps()[: -self.keep_last]:
-            shutil.rmtree(self.path(step), ignore_errors=True)
+            self._discard(self.path(step))
 
-    def _remove_stale_temporaries(self) -> None:
-        for name in os.listdir(self.root):
-            if (name.startswith(".step_") and ".tmp-" in name) or ".old-" in name:
-                shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+    @staticmethod
+    def _discard(path: str) -> None:
+        if ".old-" not in os.path.basename(path):  # out of the checkpoints' names first (atomic), then deleted
+            aside = f"{path}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(path, aside)
+            path = aside
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.remove(path)
 
     @staticmethod
     def _fsync_dir(path: str) -> None:

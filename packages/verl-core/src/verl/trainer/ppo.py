@@ -323,6 +323,8 @@ class PPOTrainer:
         return self.checkpoints.save(self.step, write, state)
 
     def maybe_resume(self) -> None:
+        for name in self.checkpoints.remove_incomplete():
+            print(f"verl: removed {os.path.join(self.checkpoints.root, name)}: an incomplete checkpoint", flush=True)
         mode = self.cfg.trainer.resume
         path = None if mode == "disable" else (self.checkpoints.latest() if mode == "auto" else mode)
         if path is None:
