@@ -36,9 +36,13 @@ pip_install "$dist"/verl_*.whl
 for backend in fsdp megatron hf torch; do
     grep -qE "^  $backend .* ready$" "$work/info-all.txt" || fail "backend $backend is not ready after installing all wheels"
 done
-for recipe in "$recipes"/*.yaml; do
-    # Cluster recipes plan here; their missing GPU engines (vllm) are warnings, not errors.
-    (cd "$work" && "$work/core/bin/verl" validate "$recipe" > "$work/validate.log" 2>&1) \
-        || { cat "$work/validate.log" >&2; fail "verl validate $(basename "$recipe") failed"; }
-done
+# Cluster recipes plan here; their missing GPU engines (vllm) are warnings, not errors. Two at a time: each
+# `verl validate` spends most of its time importing torch.
+validate_one() {
+    local log="$work/validate-$(basename "$1").log"
+    (cd "$work" && "$work/core/bin/verl" validate "$1" > "$log" 2>&1) || { cat "$log" >&2; echo "check_install: verl validate $(basename "$1") failed" >&2; return 1; }
+}
+export -f validate_one
+export work
+printf '%s\0' "$recipes"/*.yaml | xargs -0 -n 1 -P 2 bash -c 'validate_one "$0"' || fail "a recipe did not validate (above)"
 echo "check_install: all wheels: backends fsdp, megatron, hf, torch ready; $(ls "$recipes"/*.yaml | wc -l) recipes validate"

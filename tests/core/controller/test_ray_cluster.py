@@ -69,7 +69,7 @@ def wait_until_gone(tag: str, timeout_s: float) -> list[int]:
 
 def gcs_call(address: str, token: str | None):
     """GetClusterId on the GCS over plain gRPC: 'ok', or the status code it was refused with."""
-    import grpc
+    import grpc  # pants: no-infer-dep (grpcio comes with ray)
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
     metadata = [("authorization", f"Bearer {token}")] if token else None
@@ -84,7 +84,7 @@ def gcs_call(address: str, token: str | None):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the reaper reads /proc (Linux only)")
 def test_a_local_cluster_needs_its_token_and_dies_with_its_killed_driver():
-    import grpc
+    import grpc  # pants: no-infer-dep (grpcio comes with ray)
 
     proc, info = start_driver("sleep")
     try:
