@@ -73,3 +73,17 @@ def test_a_bare_folder_named_like_the_library_does_not_count_as_installed(tmp_pa
     monkeypatch.syspath_prepend(str(tmp_path))
     spec = BackendSpec("vllm", "rollout", "verl-rollout", requires=("no_such_engine_xyz", "real_engine_xyz"))
     assert spec.missing_requirements() == ["no_such_engine_xyz"]
+
+
+def test_discovery_never_imports_a_users_module_named_verl_something(tmp_path, monkeypatch, fresh_discovery):
+    marker = tmp_path / "imported"
+    run_me = f"open({str(marker)!r}, 'w').close()\n"
+    (tmp_path / "verl_my_rewards.py").write_text(run_me)  # a user's module
+    (tmp_path / "verl_my_pkg").mkdir()  # and a user's package, even one with a backends module
+    (tmp_path / "verl_my_pkg" / "__init__.py").write_text(run_me)
+    (tmp_path / "verl_my_pkg" / "backends.py").write_text(run_me + "BACKENDS = []\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    found = installed_backends()
+    assert not marker.exists() and "verl_my_rewards" not in sys.modules and "verl_my_pkg" not in sys.modules
+    assert {"fsdp", "hf"} <= set(found)  # the project's own backend packages are still found from source

@@ -255,3 +255,39 @@ def test_the_plan_counts_each_roles_optimizer_steps_over_the_run():
     assert plan.role("ref").backend == "megatron" and plan.layout("ref").tp == 4  # inherited from the actor
     assert plan.role("actor").rows_per_rank == 256 and plan.train_dp == 16  # lcm of actor DP 2, critic DP 16
     assert "run: 10 steps; optimizer steps (each role's LR schedule): actor 80, critic 120" in squash(format_plan(plan))
+
+
+@pytest.mark.parametrize(
+    "update, why",
+    [
+        ({}, None),  # the minimal config: 16 prompts in 4 mini-batches of 4
+        ({"actor": {"ppo_mini_batch_size": 16}}, ""),  # one mini-batch of one epoch: on-policy
+        ({"actor": {"ppo_mini_batch_size": 16, "ppo_epochs": 2}}, "1 mini-batch(es) x 2 epoch(s)"),
+        ({"actor": {"ppo_mini_batch_size": 16}, "algorithm": {"use_kl_in_reward": True}}, "use_kl_in_reward"),
+        ({"actor": {"ppo_mini_batch_size": 16, "recompute_old_log_probs": "always"}}, "always"),
+    ],
+)
+def test_an_on_policy_update_needs_no_old_log_prob_pass(update, why):
+    plan = plan_of(update)
+    text = squash(format_plan(plan))
+    if why == "":
+        assert plan.old_log_probs == "update" and "actor" not in [r.name for r in plan.log_prob_passes]
+        assert "old log-probs: the update's own forward (on-policy" in text
+    else:
+        assert plan.old_log_probs == "recompute" and "actor" in [r.name for r in plan.log_prob_passes]
+        assert f"old log-probs: a pass before the update ({plan.old_log_probs_why})" in text
+        assert why is None or why in plan.old_log_probs_why
+
+
+def test_cpu_worker_threads_come_from_the_recipe_then_the_environment_then_the_cores(monkeypatch):
+    two = {"placement": {"devices_per_node": 2}, "data": {"train_batch_size": 16}}
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    plan = plan_of(two)
+    assert (plan.threads, plan.threads_from) == (4, "8 cores / 2 workers per node")
+    assert "threads: 4 per worker process (8 cores / 2 workers per node)" in squash(format_plan(plan))
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's setting is kept, not overridden
+    assert (plan_of(two).threads, plan_of(two).threads_from) == (3, "OMP_NUM_THREADS")
+    recipe = plan_of(two, {"placement": {"threads_per_worker": 5}})
+    assert (recipe.threads, recipe.threads_from) == (5, "placement.threads_per_worker")
+    assert plan_of(SIXTEEN).threads is None  # GPUs: not the plan's to set

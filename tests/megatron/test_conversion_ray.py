@@ -9,6 +9,7 @@ rows with left-padded prompts and right-padded responses, on the response tokens
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import pytest
@@ -45,10 +46,36 @@ def models(tmp_path_factory, embedded_cache):
     }
 
 
-def _group(world: int, parallel: dict):
-    pool = ResourcePool("megatron", nnodes=1, devices_per_node=world, cpus_per_device=2 / world)
-    group = make_worker_group("ray", pool, EngineWorker, parallel, role="megatron", env={"OMP_NUM_THREADS": "1"})
-    return pool, group
+@pytest.fixture(scope="module")
+def workers(ray_two_cpus):
+    """`with workers(parallel) as group:` EngineWorkers in that layout. Starting workers (each imports torch and
+    megatron) dominates this file, so one group serves every layout of its world size in turn (the tests are
+    ordered by world size); a test that fails drops it (its workers may be stuck mid-collective)."""
+    live: dict = {}
+
+    def close() -> None:
+        if live:
+            live["group"].shutdown()
+            live["pool"].remove()
+            live.clear()
+
+    @contextlib.contextmanager
+    def layout(parallel: dict):
+        world = parallel.get("tp", 1) * parallel.get("pp", 1) * parallel.get("cp", 1)
+        if live.get("world") != world:
+            close()
+            pool = ResourcePool("megatron", nnodes=1, devices_per_node=world, cpus_per_device=2 / world)
+            group = make_worker_group("ray", pool, EngineWorker, {}, role="megatron", env={"OMP_NUM_THREADS": "1"})
+            live.update(world=world, pool=pool, group=group)
+        try:
+            live["group"].call("relayout", parallel)
+            yield live["group"]
+        except BaseException:
+            close()
+            raise
+
+    yield layout
+    close()
 
 
 def _hf_grad_norm(path: str, batch) -> float:
@@ -65,110 +92,9 @@ def _hf_state(path: str) -> dict:
     return load_file(f"{path}/model.safetensors")
 
 
-@pytest.mark.parametrize(
-    "name, parallel",
-    [
-        ("llama", {"tp": 2, "sequence_parallel": False}),
-        ("llama", {"tp": 2}),  # sequence parallelism is on by default with tp > 1
-        ("qwen3", {"tp": 2}),  # qk-norm weights: their gradients are summed over TP
-        ("llama", {"pp": 2}),
-        ("llama", {"cp": 2}),
-        ("qwen3", {"cp": 2}),
-        ("llama", {"tp": 2, "cp": 2}),
-    ],
-    ids=["tp2", "tp2-sp", "tp2-sp-qwen3", "pp2", "cp2", "cp2-qwen3", "tp2-sp-cp2"],
-)
-def test_log_probs_and_gradient_match_hf(ray_two_cpus, models, name, parallel):
-    world = parallel.get("tp", 1) * parallel.get("pp", 1) * parallel.get("cp", 1)
-    pool, group = _group(world, parallel)
-    try:
-        infos = group.call("load", name, models[name])
-        # TP and CP: one replica, collected on rank 0; PP=2: one replica, collected on the last stage.
-        assert infos == (
-            [(0, 1, False), (0, 1, True)] if "pp" in parallel else [(0, 1, True)] + [(0, 1, False)] * (world - 1)
-        )
-        vocab = hf_model(models[name]).config.vocab_size
-        batch = parity_batch(vocab=vocab)
-        worst = check_log_probs(group.call("infer", name, batch), models[name], batch)
-        # The gradient of the mean response NLL, against HF's. Under CP=2 this batch's 7 tokens pad to 8, in 4
-        # chunks of 2: cp rank 0 holds positions 0, 1, 6, 7 and rank 1 holds 2-5, so every response token
-        # (predicted from positions 3-5) is rank 1's; rank 0 must still take part in backward.
-        short = parity_batch(vocab=vocab, prompt=4, response=3, padded=False)
-        check_log_probs(group.call("infer", name, short), models[name], short)
-        group.call("load", "trained", models[name], OptimConfig(lr=1e-3))
-        norms = [m["grad_norm"] for m in group.call("train", "trained", short)]
-        want = _hf_grad_norm(models[name], short)
-        assert all(n == norms[0] for n in norms) and norms[0] == pytest.approx(want, rel=1e-5)
-        print(f"{name} {parallel}: max |log-prob - HF| = {worst:.2e}, grad norm {norms[0]:.6f} vs HF {want:.6f}")
-    finally:
-        group.shutdown()
-        pool.remove()
-
-
-def test_pp2_cp2_log_probs_and_critic_values_match_hf(ray_two_cpus, models, tmp_path):
-    """Context parallelism across pipeline stages: the actor's log-probs and a critic's values (its fresh head
-    exported with the model) equal the HF model's."""
-    from transformers import AutoModelForTokenClassification
-
-    pool, group = _group(4, {"pp": 2, "cp": 2})
-    try:
-        # Megatron's rank order is tp, cp, dp, pp: ranks 2 and 3 are the last stage, rank 2 its cp rank 0.
-        assert group.call("load", "llama", models["llama"]) == [
-            (0, 1, False),
-            (0, 1, False),
-            (0, 1, True),
-            (0, 1, False),
-        ]
-        batch = parity_batch(vocab=83)
-        worst = check_log_probs(group.call("infer", "llama", batch), models["llama"], batch)
-        print(f"pp2 cp2: max |log-prob - HF| = {worst:.2e}")
-        group.call("load", "critic", models["llama"], kind="value")
-        values = group.call("infer", "critic", batch)
-        group.call("export", "critic", str(tmp_path / "critic"))
-        hf = AutoModelForTokenClassification.from_pretrained(str(tmp_path / "critic"), dtype=torch.float32).eval()
-        b = batch.batch
-        with torch.no_grad():
-            out = hf(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"])
-        r = b["responses"].shape[1]
-        want = out.logits.squeeze(-1)[:, -r - 1 : -1]  # the state before each response token
-        valid = b["response_mask"].bool()
-        for v in values:
-            torch.testing.assert_close(v["values"][valid], want[valid], rtol=0, atol=1e-5)
-    finally:
-        group.shutdown()
-        pool.remove()
-
-
-def test_round_trip_and_parity_tp2_pp2_vpp2(ray_two_cpus, models, tmp_path):
-    pool, group = _group(4, {"tp": 2, "pp": 2, "vpp": 2})
-    try:
-        for name, path in models.items():
-            group.call("load", name, path)
-            hf = _hf_state(path)
-            if name == "qwen2":
-                hf.pop("lm_head.weight", None)  # tied: HF may store the shared tensor under either name
-            for rank, weights in enumerate(group.call("hf_weights", name)):
-                assert weights.keys() == hf.keys(), (name, rank)
-                for key, tensor in hf.items():
-                    assert torch.equal(weights[key], tensor), (name, rank, key)  # bitwise
-            vocab = hf_model(path).config.vocab_size
-            batch = parity_batch(vocab=vocab)
-            worst = check_log_probs(group.call("infer", name, batch), path, batch)
-            print(f"{name} tp2 pp2 vpp2: max |log-prob - HF| = {worst:.2e}")
-        # The exported folder is the same model, bitwise.
-        group.call("export", "qwen3", str(tmp_path / "qwen3-export"))
-        exported, original = _hf_state(str(tmp_path / "qwen3-export")), _hf_state(models["qwen3"])
-        assert exported.keys() == original.keys()
-        assert all(torch.equal(exported[k], original[k]) for k in original)
-    finally:
-        group.shutdown()
-        pool.remove()
-
-
-def test_generation_shards_for_a_smaller_rollout_tp(ray_two_cpus, models):
+def test_generation_shards_for_a_smaller_rollout_tp(workers, models):
     """TP_train=2 -> TP_gen=2 (micro-DP groups of one rank, nothing gathered) and TP_gen=1 (full tensors)."""
-    pool, group = _group(2, {"tp": 2})
-    try:
+    with workers({"tp": 2}) as group:
         group.call("load", "qwen2", models["qwen2"])
         full = _hf_state(models["qwen2"])
         shards = group.call("hf_weights", "qwen2", 2)
@@ -193,6 +119,91 @@ def test_generation_shards_for_a_smaller_rollout_tp(ray_two_cpus, models):
         halves = sum(t.numel() for k, t in full.items() if "norm" not in k and "embed" not in k) // 2
         assert [s["received_bytes"] for s in stats] == [(halves + 19 * 16) * 4] * 2
         assert all(torch.equal(whole[0][k], full[k]) for k in full)
-    finally:
-        group.shutdown()
-        pool.remove()
+
+
+@pytest.mark.parametrize(
+    "name, parallel",
+    [
+        ("llama", {"tp": 2, "sequence_parallel": False}),
+        ("llama", {"tp": 2}),  # sequence parallelism is on by default with tp > 1
+        ("qwen3", {"tp": 2}),  # qk-norm weights: their gradients are summed over TP
+        ("llama", {"pp": 2}),
+        ("llama", {"cp": 2}),
+        ("qwen3", {"cp": 2}),
+        ("llama", {"tp": 2, "cp": 2}),
+    ],
+    ids=["tp2", "tp2-sp", "tp2-sp-qwen3", "pp2", "cp2", "cp2-qwen3", "tp2-sp-cp2"],
+)
+def test_log_probs_and_gradient_match_hf(workers, models, name, parallel):
+    world = parallel.get("tp", 1) * parallel.get("pp", 1) * parallel.get("cp", 1)
+    with workers(parallel) as group:
+        infos = group.call("load", name, models[name])
+        # TP and CP: one replica, collected on rank 0; PP=2: one replica, collected on the last stage.
+        assert infos == (
+            [(0, 1, False), (0, 1, True)] if "pp" in parallel else [(0, 1, True)] + [(0, 1, False)] * (world - 1)
+        )
+        vocab = hf_model(models[name]).config.vocab_size
+        batch = parity_batch(vocab=vocab)
+        worst = check_log_probs(group.call("infer", name, batch), models[name], batch)
+        # The gradient of the mean response NLL, against HF's. Under CP=2 this batch's 7 tokens pad to 8, in 4
+        # chunks of 2: cp rank 0 holds positions 0, 1, 6, 7 and rank 1 holds 2-5, so every response token
+        # (predicted from positions 3-5) is rank 1's; rank 0 must still take part in backward.
+        short = parity_batch(vocab=vocab, prompt=4, response=3, padded=False)
+        check_log_probs(group.call("infer", name, short), models[name], short)
+        group.call("load", "trained", models[name], OptimConfig(lr=1e-3))
+        norms = [m["grad_norm"] for m in group.call("train", "trained", short)]
+        want = _hf_grad_norm(models[name], short)
+        assert all(n == norms[0] for n in norms) and norms[0] == pytest.approx(want, rel=1e-5)
+        print(f"{name} {parallel}: max |log-prob - HF| = {worst:.2e}, grad norm {norms[0]:.6f} vs HF {want:.6f}")
+
+
+def test_pp2_cp2_log_probs_and_critic_values_match_hf(workers, models, tmp_path):
+    """Context parallelism across pipeline stages: the actor's log-probs and a critic's values (its fresh head
+    exported with the model) equal the HF model's."""
+    from transformers import AutoModelForTokenClassification
+
+    with workers({"pp": 2, "cp": 2}) as group:
+        # Megatron's rank order is tp, cp, dp, pp: ranks 2 and 3 are the last stage, rank 2 its cp rank 0.
+        assert group.call("load", "llama", models["llama"]) == [
+            (0, 1, False),
+            (0, 1, False),
+            (0, 1, True),
+            (0, 1, False),
+        ]
+        batch = parity_batch(vocab=83)
+        worst = check_log_probs(group.call("infer", "llama", batch), models["llama"], batch)
+        print(f"pp2 cp2: max |log-prob - HF| = {worst:.2e}")
+        group.call("load", "critic", models["llama"], kind="value")
+        values = group.call("infer", "critic", batch)
+        group.call("export", "critic", str(tmp_path / "critic"))
+        hf = AutoModelForTokenClassification.from_pretrained(str(tmp_path / "critic"), dtype=torch.float32).eval()
+        b = batch.batch
+        with torch.no_grad():
+            out = hf(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"])
+        r = b["responses"].shape[1]
+        want = out.logits.squeeze(-1)[:, -r - 1 : -1]  # the state before each response token
+        valid = b["response_mask"].bool()
+        for v in values:
+            torch.testing.assert_close(v["values"][valid], want[valid], rtol=0, atol=1e-5)
+
+
+def test_round_trip_and_parity_tp2_pp2_vpp2(workers, models, tmp_path):
+    with workers({"tp": 2, "pp": 2, "vpp": 2}) as group:
+        for name, path in models.items():
+            group.call("load", name, path)
+            hf = _hf_state(path)
+            if name == "qwen2":
+                hf.pop("lm_head.weight", None)  # tied: HF may store the shared tensor under either name
+            for rank, weights in enumerate(group.call("hf_weights", name)):
+                assert weights.keys() == hf.keys(), (name, rank)
+                for key, tensor in hf.items():
+                    assert torch.equal(weights[key], tensor), (name, rank, key)  # bitwise
+            vocab = hf_model(path).config.vocab_size
+            batch = parity_batch(vocab=vocab)
+            worst = check_log_probs(group.call("infer", name, batch), path, batch)
+            print(f"{name} tp2 pp2 vpp2: max |log-prob - HF| = {worst:.2e}")
+        # The exported folder is the same model, bitwise.
+        group.call("export", "qwen3", str(tmp_path / "qwen3-export"))
+        exported, original = _hf_state(str(tmp_path / "qwen3-export")), _hf_state(models["qwen3"])
+        assert exported.keys() == original.keys()
+        assert all(torch.equal(exported[k], original[k]) for k in original)

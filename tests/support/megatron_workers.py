@@ -100,14 +100,26 @@ def check_log_probs(results: list, path: str, batch: DataProto, atol: float = LO
     return worst
 
 
+def _parallel(parallel: Dict[str, Any]) -> types.SimpleNamespace:
+    return types.SimpleNamespace(**{"tp": 1, "pp": 1, "vpp": None, "cp": 1, "ep": 1, "dp": None, **parallel})
+
+
 class EngineWorker(Worker):
     """Holds MegatronEngines by name; every method runs on every rank (megatron calls are collective)."""
 
     def __init__(self, parallel: Dict[str, Any]):
-        self.parallel = types.SimpleNamespace(
-            **{"tp": 1, "pp": 1, "vpp": None, "cp": 1, "ep": 1, "dp": None, **parallel}
-        )
+        self.parallel = _parallel(parallel)
         self.engines: Dict[str, Any] = {}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def relayout(self, parallel: Dict[str, Any]) -> None:
+        """Drop the engines and megatron's process groups; the next load uses `parallel`. Lets one group of
+        workers (and one start-up) test several layouts of the same world size."""
+        self.engines.clear()
+        from verl_megatron.parallel import destroy_model_parallel
+
+        destroy_model_parallel()
+        self.parallel = _parallel(parallel)
 
     @register(Dispatch.ONE_TO_ALL)
     def load(

@@ -16,6 +16,7 @@ def tiny_overrides(out_dir: str, steps: int = 2) -> tuple[str, ...]:
     return (
         f"trainer.total_steps={steps}",
         f"trainer.output_dir={out_dir}",
+        "data.val_files=[]",
         "trainer.val_every=0",
         "trainer.val_before_train=false",
         "model.warm_start=null",

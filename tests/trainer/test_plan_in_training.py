@@ -143,6 +143,7 @@ def test_validation_samples_at_val_temperature(tmp_path):
             "grpo_tiny",
             str(tmp_path / str(temperature)),
             "trainer.controller=local",
+            "data.val_files=[embedded:arithmetic-val]",
             f"rollout.val_temperature={temperature}",
         )
         trainer = verl.PPOTrainer(cfg, reward_fn=odd_length_reward)  # scores the parity of each response's length

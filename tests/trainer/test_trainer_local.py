@@ -33,11 +33,23 @@ def _metrics(out_dir):
 
 
 def test_grpo_steps_log_grouped_metrics_and_checkpoint(tmp_path):
-    cfg = tiny_config("grpo_tiny", str(tmp_path), "trainer.controller=local", "rollout.n=4")
+    cfg = tiny_config(
+        "grpo_tiny",
+        str(tmp_path),
+        "trainer.controller=local",
+        "rollout.n=4",
+        "data.val_files=[embedded:arithmetic-val]",
+        "data.val_batch_size=50",
+        "trainer.val_before_train=true",  # and val_every=0: validated before and at the end only
+    )
     summary = _run(cfg)
     assert summary["steps"] == 2
     rows = _metrics(tmp_path)
-    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["step"] for r in rows] == [0, 1, 2] and "val/accuracy" not in rows[1]
+    # The summary's "after" is a validation of the final weights, not the "before" repeated.
+    assert summary["val_accuracy_before"] == rows[0]["val/accuracy"]
+    assert summary["val_accuracy_after"] == rows[-1]["val/accuracy"]
+    rows = rows[1:]
     keys = set(rows[-1])
     for key in (
         "reward/score/mean",
@@ -113,3 +125,36 @@ def test_remax_gets_greedy_baselines(tmp_path):
     finally:
         trainer.close()
     assert summary["steps"] == 2 and "actor/pg_loss" in _metrics(tmp_path)[-1]
+
+
+def test_an_on_policy_update_takes_its_old_log_probs_from_its_own_forward(tmp_path):
+    """1 epoch of 1 mini-batch: the log-prob pass before the update is skipped (one worker call fewer a step),
+    and the update matches the run that makes the pass."""
+    from safetensors.torch import load_file
+    from torch.testing import assert_close
+
+    common = (
+        "trainer.controller=local",
+        "rollout.n=4",
+        "actor.ppo_mini_batch_size=4",  # = data.train_batch_size: one optimizer step per training step
+        "checkpoint.save_hf=true",
+        "reward.fn={_target_: tests.support.run_configs.odd_length_reward}",  # spread: the update moves weights
+    )
+    runs = {}
+    for mode in ("auto", "always"):
+        out = tmp_path / mode
+        cfg = tiny_config("grpo_tiny", str(out), *common, f"actor.recompute_old_log_probs={mode}", steps=1)
+        trainer = PPOTrainer(cfg)
+        try:
+            assert trainer.plan.old_log_probs == ("update" if mode == "auto" else "recompute")
+            trainer.fit()
+        finally:
+            trainer.close()
+        runs[mode] = (_metrics(out)[-1], load_file(str(out / "hf" / "model.safetensors")))
+    (skip, skip_weights), (full, full_weights) = runs["auto"], runs["always"]
+    assert skip["perf/worker_calls"] == full["perf/worker_calls"] - 1
+    assert skip["actor/pg_loss"] == pytest.approx(full["actor/pg_loss"], abs=1e-6)
+    assert skip["rollout/logprob_diff_mean"] == pytest.approx(full["rollout/logprob_diff_mean"], abs=1e-5)
+    assert skip["rollout/logprob_diff_mean"] < 1e-4  # measured by the update, on the same tokens
+    for name, weight in full_weights.items():
+        assert_close(skip_weights[name], weight, rtol=1e-4, atol=1e-6)

@@ -11,7 +11,6 @@ import difflib
 import importlib
 import importlib.metadata
 import importlib.util
-import pkgutil
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple
@@ -84,13 +83,24 @@ def installed_backends() -> Dict[str, BackendSpec]:
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         spec = ep.load()
         found[spec.name] = spec
-    # Source checkouts (and Pants sandboxes) run backend packages without installed metadata:
-    # find them by their import name, verl_<something>, each exposing <pkg>.backends.BACKENDS.
-    for module in pkgutil.iter_modules():
-        if module.name.startswith("verl_") and _module_available(f"{module.name}.backends"):
-            for spec in importlib.import_module(f"{module.name}.backends").BACKENDS:
+    # Source checkouts (and Pants sandboxes) run the project's backend packages without installed metadata:
+    # find those by import name (verl-fsdp: verl_fsdp.backends.BACKENDS). Only those: any other module that
+    # happens to be called verl_* on the path is a user's, and discovery must not run it.
+    for package in sorted({package for _, package in KNOWN_BACKENDS.values()}):
+        name = package.replace("-", "_")
+        if _is_package(name) and _module_available(f"{name}.backends"):
+            for spec in importlib.import_module(f"{name}.backends").BACKENDS:
                 found.setdefault(spec.name, spec)
     return found
+
+
+def _is_package(name: str) -> bool:
+    """A top-level package of that name is importable (found without importing it)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    return spec is not None and spec.submodule_search_locations is not None and spec.origin is not None
 
 
 def check_backend(

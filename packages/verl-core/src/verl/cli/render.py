@@ -87,6 +87,12 @@ def _batch_lines(plan: Plan) -> List[str]:
             for r in plan.log_prob_passes
         ]
         lines.append(f"log-prob passes over {batch.samples} samples: " + "; ".join(passes))
+    if plan.has("actor"):
+        lines.append(
+            "old log-probs: the update's own forward (on-policy; actor.recompute_old_log_probs=always for a pass)"
+            if plan.old_log_probs == "update"
+            else f"old log-probs: a pass before the update ({plan.old_log_probs_why})"
+        )
     return lines
 
 
@@ -96,6 +102,8 @@ def _run_lines(plan: Plan) -> List[str]:
         f"lengths: prompts <= {plan.prompt_length} tokens, responses <= {plan.response_length} tokens; "
         f"log-probs at temperature {plan.temperature:g}"
     ]
+    if plan.threads:
+        lines.append(f"threads: {plan.threads} per worker process ({plan.threads_from})")
     trained = [r for r in ("actor", "critic") if plan.has(r) and plan.role(r).train is not None]
     if plan.total_steps is not None and trained:
         steps = ", ".join(f"{r} {plan.optimizer_steps(r)}" for r in trained)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -131,6 +132,12 @@ class Plan:
     response_length: int  # rollout.max_new_tokens, else data.max_response_length
     temperature: float  # what log-probs are computed at: rollout.temperature (greedy, 0, counts as 1)
     total_steps: Optional[int] = None  # training steps of the run; None until the data is known
+    # Where the actor's old log-probs come from: "recompute" (a forward pass before the update) or "update" (the
+    # update's own forward, detached: equal to the old policy's when the update is on-policy)
+    old_log_probs: str = "recompute"
+    old_log_probs_why: str = ""  # why they need a pass of their own (validate shows it)
+    threads: Optional[int] = None  # CPU: torch threads of each worker process (None on GPUs)
+    threads_from: str = ""  # where that number comes from (validate shows it)
 
     @property
     def world_size(self) -> int:
@@ -147,7 +154,13 @@ class Plan:
     @property
     def log_prob_passes(self) -> Tuple[RolePlan, ...]:
         """The roles with a forward pass over every sample of a step (old/ref log-probs, values)."""
-        return tuple(r for r in self.role_plans if isinstance(r.micro_batch, int) and r.micro_batch >= 1)
+        return tuple(
+            r
+            for r in self.role_plans
+            if isinstance(r.micro_batch, int)
+            and r.micro_batch >= 1
+            and not (r.name == "actor" and self.old_log_probs == "update")
+        )
 
     def role(self, name: str) -> RolePlan:
         for r in self.role_plans:
@@ -269,6 +282,7 @@ def draft_plan(cfg: Any, total_steps: Optional[int] = None) -> Draft:
     layouts, layout_problems = resolve_layouts(cfg, role_pool, pools)
     batch = batch_plan(cfg, roles, layouts)
     temperature = value(cfg, "rollout.temperature")
+    why = on_policy_problem(cfg, batch)
     plan = Plan(
         nnodes=value(cfg, "placement.nnodes"),
         devices_per_node=value(cfg, "placement.devices_per_node"),
@@ -280,8 +294,44 @@ def draft_plan(cfg: Any, total_steps: Optional[int] = None) -> Draft:
         response_length=value(cfg, "rollout.max_new_tokens") or value(cfg, "data.max_response_length"),
         temperature=float(temperature) if temperature else 1.0,
         total_steps=total_steps if total_steps is not None else value(cfg, "trainer.total_steps"),
+        old_log_probs="recompute" if why else "update",
+        old_log_probs_why=why or "",
     )
+    plan = dataclasses.replace(plan, **_threads(cfg, plan))
     return Draft(roles, role_pool, plan, tuple(problems + found + layout_problems))
+
+
+def _threads(cfg: DictConfig, plan: Plan) -> dict:
+    """CPU workers share the node's cores: the recipe's number, else the user's OMP_NUM_THREADS, else an even split."""
+    if plan.device != "cpu":
+        return {}
+    given = value(cfg, "placement.threads_per_worker")
+    if isinstance(given, int) and given >= 1:
+        return {"threads": given, "threads_from": "placement.threads_per_worker"}
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) >= 1:
+        return {"threads": int(env), "threads_from": "OMP_NUM_THREADS"}
+    try:
+        per_device = 2 if plan.colocated("critic", "actor") else 1  # a colocated critic is a second process
+    except StopIteration:  # a draft whose pools did not resolve
+        per_device = 1
+    workers, cores = max(1, plan.devices_per_node) * per_device, os.cpu_count() or 1
+    return {"threads": max(1, cores // workers), "threads_from": f"{cores} cores / {workers} workers per node"}
+
+
+def on_policy_problem(cfg: DictConfig, batch: Optional[BatchPlan]) -> Optional[str]:
+    """Why the actor's old log-probs need a pass of their own; None when its update is on-policy and the
+    update's first forward (the policy the samples were scored under) can stand in for them."""
+    actor = batch.train_of("actor") if batch is not None else None
+    if value(cfg, "actor.recompute_old_log_probs") == "always":
+        return "actor.recompute_old_log_probs=always"
+    if actor is None or actor.mini_batches is None:
+        return "the actor's mini-batches are not resolved"
+    if actor.epochs != 1 or actor.mini_batches != 1:
+        return f"{actor.mini_batches} mini-batch(es) x {actor.epochs} epoch(s): later ones train on moved weights"
+    if value(cfg, "algorithm.use_kl_in_reward"):
+        return "algorithm.use_kl_in_reward needs them before the advantages"
+    return None
 
 
 def make_plan(cfg: Any) -> Tuple[Optional[Plan], List[ConfigProblem]]:

@@ -233,6 +233,9 @@ class ActorConfig:
     kl_loss_coef: float = non_negative(0.001)
     kl_loss_type: Any = "low_var_kl"  # a KL estimator name, as algorithm.kl_penalty
     log_prob_micro_batch_size_per_device: int = at_least(8, 1)  # samples per log-prob forward on one worker
+    # auto: an on-policy update (1 epoch, 1 mini-batch, no in-reward KL) takes its old log-probs from its own
+    # forward (detached) instead of a pass before it; always: that pass every step
+    recompute_old_log_probs: str = one_of("auto", "auto", "always")
     use_fused_kernels: bool = False
     fused_kernel_impl: str = "torch"  # torch | triton (a kernels backend)
     param_offload: bool = False  # fsdp: parameters, gradients and optimizer state in host memory
@@ -314,6 +317,8 @@ class PlacementConfig:
     nnodes: int = size(1)
     devices_per_node: int = size(1)  # GPUs per node, or worker processes per node on CPU
     device: str = one_of("cpu", "cpu", "cuda")
+    # CPU: torch threads of each worker process; None: OMP_NUM_THREADS when set, else the node's cores / its workers
+    threads_per_worker: Optional[int] = at_least(None, 1)
     pools: List[PoolConfig] = field(
         default_factory=lambda: [PoolConfig(name="hybrid", roles=["actor", "rollout", "ref", "critic"])]
     )

@@ -200,9 +200,11 @@ class PPOTrainer:
         return first_groups(parts, n, groups), metrics
 
     def compute_log_probs(self, batch: DataProto) -> DataProto:
-        """Old (and reference) log-probs in one call to the actor's workers; values from the critic's."""
+        """Old (and reference) log-probs in one call to the actor's workers (old ones only when the plan
+        recomputes them); values from the critic's."""
         inputs = batch.select(MODEL_INPUTS, [])
-        batch = batch.union(self.workers.actor_rollout.call(ActorRolloutRefWorker.compute_log_probs, inputs))
+        if self.plan.old_log_probs == "recompute" or self.plan.has("ref"):
+            batch = batch.union(self.workers.actor_rollout.call(ActorRolloutRefWorker.compute_log_probs, inputs))
         if self.use_critic:
             batch = batch.union(self.workers.critic.call(CriticWorker.compute_values, inputs))
         return batch
@@ -241,7 +243,7 @@ class PPOTrainer:
             metrics.update(
                 _mean_over_ranks(self.workers.critic.call(CriticWorker.update_critic, batch.select(CRITIC_UPDATE, [])))
             )
-        actor_batch = batch.select(actor_update_columns(self.cfg), [])
+        actor_batch = batch.select(actor_update_columns(self.cfg, self.plan.old_log_probs == "recompute"), [])
         metrics.update(
             _mean_over_ranks(self.workers.actor_rollout.call(ActorRolloutRefWorker.update_actor, actor_batch))
         )
@@ -263,7 +265,8 @@ class PPOTrainer:
         with timer("log_probs"):
             batch = self.compute_log_probs(batch)
         b = batch.batch
-        metrics.update(rollout_mismatch_metrics(b["old_log_probs"], b["rollout_log_probs"], b["response_mask"]))
+        if "old_log_probs" in b.keys():  # else the update measures the mismatch on its own forward
+            metrics.update(rollout_mismatch_metrics(b["old_log_probs"], b["rollout_log_probs"], b["response_mask"]))
         with timer("adv"):
             metrics.update(self.compute_advantages(batch))
         with timer("update"):
@@ -360,7 +363,7 @@ class PPOTrainer:
                 tokens += metrics["perf/tokens_per_s"] * metrics["timing/step_s"]
                 step_seconds += metrics["timing/step_s"]
                 last = self.step == total
-                if t.val_every and (self.step % t.val_every == 0 or last):
+                if (t.val_every and self.step % t.val_every == 0) or last:  # the last: the summary's "after"
                     metrics.update(self.validate())
                 if self.step % t.log_every == 0 or last:
                     self.tracker.log(metrics, step=self.step)
@@ -376,13 +379,13 @@ class PPOTrainer:
         return self.summary(time.perf_counter() - run_start, tokens / max(step_seconds, 1e-9))
 
     def summary(self, seconds: float, tokens_per_s: float) -> Dict[str, Any]:
-        vals = [v["val/accuracy"] for v in self.val_history]
+        at = {v["step"]: v["val/accuracy"] for v in self.val_history}
         return {
             "steps": self.step,
             "seconds": seconds,
             "tokens_per_s": tokens_per_s,
-            "val_accuracy_before": vals[0] if vals else None,
-            "val_accuracy_after": vals[-1] if vals else None,
+            "val_accuracy_before": at.get(0),  # None when trainer.val_before_train is off
+            "val_accuracy_after": at.get(self.step),
         }
 
     def close(self) -> None:
@@ -399,6 +402,8 @@ def format_summary(name: str, s: Dict[str, Any]) -> str:
     """The one line a run ends with."""
     before, after = s["val_accuracy_before"], s["val_accuracy_after"]
     acc = "no validation set"
-    if before is not None:
+    if before is not None and after is not None:
         acc = f"held-out greedy accuracy {100 * before:.1f}% -> {100 * after:.1f}% ({100 * (after - before):+.1f} pts)"
+    elif after is not None:
+        acc = f"held-out greedy accuracy {100 * after:.1f}% at the end"
     return f"verl {name}: {acc}; {s['steps']} steps in {s['seconds']:.0f} s; {s['tokens_per_s']:.0f} tokens/s"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -41,21 +40,13 @@ class Workers:
         self.pools = []
 
 
-def _threads_per_worker(plan: Plan, groups_per_pool: int) -> str:
-    """CPU runs share the host's cores between the processes placed on it."""
-    local_workers = plan.devices_per_node * groups_per_pool
-    return str(max(1, (os.cpu_count() or 1) // local_workers))
-
-
 def start_workers(cfg: Any, plan: Plan, *, model_path: str, tokenizer_path: Optional[str] = None) -> Workers:
     """The actor/rollout/ref group on the actor's pool and the critic's group on its own (or the same) pool."""
     mode = cfg.trainer.controller
     pools = pools_from_plan(plan)
     shared = plan.colocated("critic", "actor")
     fraction = 0.5 if shared else 1.0
-    env = {}
-    if plan.device == "cpu":
-        env["OMP_NUM_THREADS"] = _threads_per_worker(plan, 2 if shared else 1)
+    env = {"OMP_NUM_THREADS": str(plan.threads)} if plan.threads else {}
 
     def group(worker_cls: type, pool_of: str, *args: Any, role: str) -> Any:
         pool = pools[plan.pool(pool_of).name]

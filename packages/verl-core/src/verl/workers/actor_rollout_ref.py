@@ -18,7 +18,7 @@ from verl.controller import Dispatch, Worker, register
 from verl.protocol import DataProto
 from verl.workers.engines import rollout_engine, train_engine
 from verl.workers.losses import actor_loss_fn
-from verl.workers.setup import quiet_libraries, set_threads
+from verl.workers.setup import setup_worker
 
 ROLES = ("actor", "rollout", "ref")
 
@@ -61,8 +61,7 @@ class ActorRolloutRefWorker(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        quiet_libraries()
-        set_threads(None)
+        setup_worker(self.cfg)
         self.init_distributed("gloo" if self.cfg.placement.device == "cpu" else "nccl")
         from transformers import AutoTokenizer
 
@@ -108,7 +107,7 @@ class ActorRolloutRefWorker(Worker):
         plan, out = self.plan, {}
         for key, role in (("old_log_probs", "actor"), ("ref_log_probs", "ref")):
             engine = getattr(self, role)
-            if engine is not None:
+            if engine is not None and not (role == "actor" and plan.old_log_probs == "update"):
                 infer = engine.infer(batch, micro_batch_size=plan.role(role).micro_batch, temperature=plan.temperature)
                 out[key] = infer.batch["log_probs"]
         return DataProto.from_dict(out)
@@ -130,7 +129,7 @@ class ActorRolloutRefWorker(Worker):
             entropy=True,
             entropy_grad=bool(a.entropy_coeff),  # fused kernels skip the entropy gradient when it is only logged
         )
-        metrics = {f"actor/{k}": v for k, v in metrics.items()}
+        metrics = {k if k.startswith("rollout/") else f"actor/{k}": v for k, v in metrics.items()}
         if self.rollout is not None:
             metrics.update(self._sync_weights())
         return metrics

@@ -9,12 +9,13 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
 PROMPTS = ("input_ids", "attention_mask", "position_ids")
 
 
-def actor_update_columns(cfg: Any) -> Tuple[str, ...]:
+def actor_update_columns(cfg: Any, old_log_probs: bool = True) -> Tuple[str, ...]:
     """What the actor's loss reads: the policy-gradient inputs with the rollout's log-probs (every policy loss
     receives them: truncated importance sampling, or a plugin's own correction), plus the reference's
-    log-probs for a KL loss."""
+    log-probs for a KL loss. Without `old_log_probs` the update takes them from its own forward."""
+    old = ("old_log_probs",) if old_log_probs else ()
     extra = ("ref_log_probs",) if cfg.actor.use_kl_loss else ()
-    return MODEL_INPUTS + ("response_mask", "old_log_probs", "advantages", "rollout_log_probs") + extra
+    return MODEL_INPUTS + ("response_mask", *old, "advantages", "rollout_log_probs") + extra
 
 
 CRITIC_UPDATE = MODEL_INPUTS + ("response_mask", "values", "returns")

@@ -10,7 +10,7 @@ from verl.protocol import DataProto
 from verl.workers.actor_rollout_ref import run_minibatches
 from verl.workers.engines import train_engine
 from verl.workers.losses import critic_loss_fn
-from verl.workers.setup import quiet_libraries, set_threads
+from verl.workers.setup import setup_worker
 
 
 class CriticWorker(Worker):
@@ -22,8 +22,7 @@ class CriticWorker(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        quiet_libraries()
-        set_threads(None)
+        setup_worker(self.cfg)
         self.init_distributed("gloo" if self.cfg.placement.device == "cpu" else "nccl")
         self.engine = train_engine(
             self.cfg,

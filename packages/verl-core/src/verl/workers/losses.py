@@ -6,7 +6,7 @@ from typing import Dict, Tuple
 
 import torch
 
-from verl.algos import agg_loss, compute_policy_loss, compute_value_loss, kl_penalty
+from verl.algos import agg_loss, compute_policy_loss, compute_value_loss, kl_penalty, rollout_mismatch_metrics
 from verl.engine import LossFn
 from verl.protocol import DataProto
 
@@ -22,9 +22,16 @@ def actor_loss_fn(actor_cfg) -> LossFn:
         b = mb.batch
         log_prob = out["log_probs"]
         mask = b["response_mask"].to(log_prob.device)
+        metrics: Dict[str, float] = {}
+        if "old_log_probs" in b.keys():
+            old_log_prob = b["old_log_probs"]
+        else:  # an on-policy update (the plan): this forward is the policy the samples were scored under
+            old_log_prob = log_prob.detach()
+            if "rollout_log_probs" in b.keys():  # the mismatch the trainer measures otherwise (mean over micro-batches)
+                metrics.update(rollout_mismatch_metrics(old_log_prob, b["rollout_log_probs"].to(log_prob.device), mask))
         pg_loss, pg_metrics = compute_policy_loss(
             actor_cfg.policy_loss,
-            b["old_log_probs"],
+            old_log_prob,
             log_prob,
             b["advantages"],
             mask,
@@ -33,7 +40,7 @@ def actor_loss_fn(actor_cfg) -> LossFn:
             rollout_log_probs=b.get("rollout_log_probs"),
         )
         loss = pg_loss
-        metrics = {"pg_loss": _num(pg_loss), **{k: _num(v) for k, v in pg_metrics.items()}}
+        metrics.update({"pg_loss": _num(pg_loss), **{k: _num(v) for k, v in pg_metrics.items()}})
         if "entropy" in out:
             entropy = agg_loss(out["entropy"], mask, actor_cfg.loss_agg_mode)
             metrics["entropy"] = _num(entropy)

@@ -1,4 +1,4 @@
-"""What every worker process does first: quiet libraries, pin threads, join the process group."""
+"""What every worker process does first: quiet libraries, pin threads, import the run's plugins."""
 
 from __future__ import annotations
 
@@ -20,3 +20,13 @@ def set_threads(num_threads: int | None) -> None:
     n = num_threads or int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
     if n > 0:
         torch.set_num_threads(n)
+
+
+def setup_worker(cfg) -> None:
+    """Quiet libraries, pin threads, and import trainer.plugins: a Ray worker is a fresh process, and a loss or
+    aggregation mode a plugin registered in the driver is looked up by name here too."""
+    from verl.algos import load_plugins
+
+    quiet_libraries()
+    set_threads(None)
+    load_plugins(list(cfg.trainer.plugins or []))
