@@ -177,10 +177,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _resume_hint(cfg: Any, args: argparse.Namespace) -> str:
     """How to go on after a run stopped: the command that continues from its last complete checkpoint."""
-    from verl.trainer.checkpoint import CheckpointManager
+    from verl.trainer.checkpoint import CheckpointManager, checkpoint_root
 
-    root = cfg.checkpoint.dir or os.path.join(cfg.trainer.output_dir, "checkpoints")
-    latest = CheckpointManager(root).latest()
+    latest = CheckpointManager(checkpoint_root(cfg)).latest()
     command = " ".join(["verl train", args.recipe, *args.overrides])
     if latest is None:
         return f"the run stopped before its first checkpoint; once the cause is fixed, start it again: {command}"

@@ -28,6 +28,11 @@ COMPLETE = "COMPLETE"
 STATE_FILE = "trainer_state.pt"
 
 
+def checkpoint_root(cfg: Any) -> str:
+    """Where a run's checkpoints go: checkpoint.dir, else <trainer.output_dir>/checkpoints."""
+    return cfg.checkpoint.dir or os.path.join(cfg.trainer.output_dir, "checkpoints")
+
+
 class CheckpointManager:
     def __init__(self, root: str, keep_last: int = 2):
         if keep_last < 1:

@@ -32,7 +32,7 @@ from verl.data.build import make_rl_dataloaders
 from verl.protocol import DataProto
 from verl.reward import make_reward_manager
 from verl.tracking import Progress, Tracker
-from verl.trainer.checkpoint import CheckpointManager
+from verl.trainer.checkpoint import CheckpointManager, checkpoint_root
 from verl.trainer.shaping import add_overlong_penalty, first_groups, informative_groups
 from verl.trainer.timer import StageTimer
 from verl.trainer.warm_start import prepare_model
@@ -123,8 +123,7 @@ class PPOTrainer:
         self.reward = make_reward_manager(cfg.reward, self.tokenizer, reward_fn=reward_fn)
         self.use_critic = plan.has("critic")
         self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl) if cfg.algorithm.use_kl_in_reward else None
-        ckpt_dir = cfg.checkpoint.dir or os.path.join(self.output_dir, "checkpoints")
-        self.checkpoints = CheckpointManager(ckpt_dir, keep_last=cfg.checkpoint.keep_last)
+        self.checkpoints = CheckpointManager(checkpoint_root(cfg), keep_last=cfg.checkpoint.keep_last)
         self.tracker = Tracker(
             cfg.tracking,
             run_config=OmegaConf.to_container(cfg, resolve=True),
@@ -203,7 +202,7 @@ class PPOTrainer:
         """Old (and reference) log-probs in one call to the actor's workers (old ones only when the plan
         recomputes them); values from the critic's."""
         inputs = batch.select(MODEL_INPUTS, [])
-        if self.plan.old_log_probs == "recompute" or self.plan.has("ref"):
+        if any(r.name in ("actor", "ref") for r in self.plan.log_prob_passes):
             batch = batch.union(self.workers.actor_rollout.call(ActorRolloutRefWorker.compute_log_probs, inputs))
         if self.use_critic:
             batch = batch.union(self.workers.critic.call(CriticWorker.compute_values, inputs))

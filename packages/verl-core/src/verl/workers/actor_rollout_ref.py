@@ -107,7 +107,7 @@ class ActorRolloutRefWorker(Worker):
         plan, out = self.plan, {}
         for key, role in (("old_log_probs", "actor"), ("ref_log_probs", "ref")):
             engine = getattr(self, role)
-            if engine is not None and not (role == "actor" and plan.old_log_probs == "update"):
+            if engine is not None and plan.role(role) in plan.log_prob_passes:
                 infer = engine.infer(batch, micro_batch_size=plan.role(role).micro_batch, temperature=plan.temperature)
                 out[key] = infer.batch["log_probs"]
         return DataProto.from_dict(out)
