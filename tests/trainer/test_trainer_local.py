@@ -158,3 +158,21 @@ def test_an_on_policy_update_takes_its_old_log_probs_from_its_own_forward(tmp_pa
     assert skip["rollout/logprob_diff_mean"] < 1e-4  # measured by the update, on the same tokens
     for name, weight in full_weights.items():
         assert_close(skip_weights[name], weight, rtol=1e-4, atol=1e-6)
+
+
+def test_entropy_at_an_interval_and_a_finished_run_is_said_and_kept(tmp_path, capsys):
+    """entropy_coeff 0: entropy is a metric, measured on the first, the last and every entropy_every-th step.
+    A rerun into the finished run's folder trains nothing and says so; one with another learning rate is
+    refused before anything starts."""
+    from verl.config.errors import ConfigError
+
+    common = ("trainer.controller=local", "rollout.n=2", "actor.entropy_every=3")
+    _run(tiny_config("grpo_tiny", str(tmp_path), *common, steps=4))
+    assert [("actor/entropy" in r) for r in _metrics(tmp_path)] == [True, False, True, True]
+    capsys.readouterr()
+    again = _run(tiny_config("grpo_tiny", str(tmp_path), *common, steps=4))
+    assert "that run is finished (trainer.total_steps=4): nothing to train" in capsys.readouterr().out
+    assert again["steps"] == 4 and len(_metrics(tmp_path)) == 4
+    with pytest.raises(ConfigError) as e:
+        PPOTrainer(tiny_config("grpo_tiny", str(tmp_path), *common, "actor.optim.lr=3e-4", steps=4))
+    assert "trainer.resume" in str(e.value) and "actor.optim.lr was" in str(e.value)

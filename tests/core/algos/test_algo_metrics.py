@@ -90,7 +90,7 @@ def test_rollout_mismatch_metrics_by_hand():
     old = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, 7.0]])
     rollout = torch.tensor([[-1.5, -2.0, -2.0], [-0.25, -0.5, float("nan")]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])  # the NaN sits in padding and must not leak
-    m = rollout_mismatch_metrics(old, rollout, mask)
+    m = {k: float(v) for k, v in rollout_mismatch_metrics(old, rollout, mask).items()}
     # |diffs| on masked tokens: 0.5, 0, 1, 0.25, 0 -> mean 1.75 / 5
     assert m["rollout/logprob_diff_max"] == pytest.approx(1.0)
     assert m["rollout/logprob_diff_mean"] == pytest.approx(0.35)

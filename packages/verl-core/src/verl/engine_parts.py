@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional
+from typing import Any, Callable, Dict, Iterable, Optional
 
 import torch
 import torch.distributed as dist
@@ -36,19 +36,45 @@ def require_optimizer(optimizer: Optional[object]) -> None:
 @dataclass
 class Accumulator:
     """Runs the caller's loss on each micro-batch and weights it by the micro-batch's share of the rows, so that
-    gradients summed over micro-batches are the gradient of the whole batch; metrics are averaged the same way."""
+    gradients summed over micro-batches are the gradient of the whole batch; metrics are averaged the same way.
+
+    Tensor metrics stay on their device until `totals` reads them all back in one transfer: a float() per
+    metric per micro-batch would stall the device that many times."""
 
     rows: int  # rows of the whole batch
     loss_fn: LossFn
-    totals: Metrics = field(default_factory=dict)
+    sums: Dict[str, Any] = field(default_factory=dict)
 
     def __call__(self, outputs: Dict[str, torch.Tensor], mb: DataProto) -> torch.Tensor:
         """The weighted loss of one micro-batch (what the backend differentiates)."""
         loss, metrics = self.loss_fn(outputs, mb)
         share = len(mb) / self.rows
         for k, v in metrics.items():
-            self.totals[k] = self.totals.get(k, 0.0) + float(v) * share
+            v = v.detach().float().reshape(()) if isinstance(v, torch.Tensor) else float(v)
+            self.sums[k] = self.sums.get(k, 0.0) + v * share
         return loss * share
+
+    @property
+    def totals(self) -> Metrics:
+        """The weighted means, as floats."""
+        names = [k for k, v in self.sums.items() if isinstance(v, torch.Tensor)]
+        out = {k: float(v) for k, v in self.sums.items() if k not in names}
+        if names:
+            device = self.sums[names[0]].device
+            values = torch.stack([self.sums[k].to(device) for k in names]).tolist()
+            out.update(zip(names, values))
+        return out
+
+
+def adamw(params: Iterable[torch.nn.Parameter], optim: Any) -> torch.optim.AdamW:
+    """torch's AdamW from an `optim` config, with its fused kernel where torch has one for the parameters'
+    device (CPU and CUDA: one kernel per step instead of several per parameter group), else the foreach one."""
+    params = list(params)
+    kw = dict(lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, weight_decay=optim.weight_decay)
+    try:
+        return torch.optim.AdamW(params, fused=True, **kw)
+    except (RuntimeError, ValueError):  # a device or dtype without the fused kernel
+        return torch.optim.AdamW(params, **kw)
 
 
 @dataclass

@@ -60,10 +60,7 @@ class FSDPEngine:
         self.optimizer = None
         self.state = parts.TrainState()
         if cfg.optim is not None:
-            o = cfg.optim
-            self.optimizer = torch.optim.AdamW(
-                model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
-            )
+            self.optimizer = parts.adamw(model.parameters(), cfg.optim)
 
     def data_parallel_info(self) -> Tuple[int, int, bool]:
         return self.rank, self.world_size, True  # FSDP: every rank is its own data-parallel replica

@@ -113,8 +113,9 @@ def data_metrics(
 
 def rollout_mismatch_metrics(
     old_log_prob: Tensor, rollout_log_probs: Tensor, response_mask: Tensor
-) -> dict[str, float]:
-    """How far the rollout engine's log-probs are from the trainer's on the generated tokens.
+) -> dict[str, Tensor]:
+    """How far the rollout engine's log-probs are from the trainer's on the generated tokens, as 0-d tensors on
+    their device (an update's micro-batch loop reads them back once, with its other metrics).
 
     rollout/logprob_diff_max and _mean: |log pi_old - log pi_rollout| over masked tokens (numerics, kernels and
     precision differ between engines; a large value means the rollout samples from another policy).
@@ -122,7 +123,7 @@ def rollout_mismatch_metrics(
     dtype = acc_dtype(old_log_prob, rollout_log_probs)
     diff = old_log_prob.detach().to(dtype) - rollout_log_probs.detach().to(dtype)
     return {
-        "rollout/logprob_diff_max": float(masked_max(diff.abs(), response_mask)),
-        "rollout/logprob_diff_mean": float(masked_mean(diff.abs(), response_mask)),
-        "rollout/prob_ratio_max": float(masked_max(diff.clamp(max=LOG_RATIO_CLAMP).exp(), response_mask)),
+        "rollout/logprob_diff_max": masked_max(diff.abs(), response_mask),
+        "rollout/logprob_diff_mean": masked_mean(diff.abs(), response_mask),
+        "rollout/prob_ratio_max": masked_max(diff.clamp(max=LOG_RATIO_CLAMP).exp(), response_mask),
     }

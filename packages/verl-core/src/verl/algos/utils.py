@@ -97,15 +97,23 @@ def zero_padding(mask: Tensor, *tensors: Tensor) -> tuple[Tensor, ...]:
 
 
 def masked_max(values: Tensor, mask: Tensor) -> Tensor:
-    """Largest value where mask is set; 0 when the mask is empty."""
-    v = values.to(acc_dtype(values))[mask.bool()]
-    return v.max() if v.numel() else v.new_zeros(())
+    """Largest value where mask is set; 0 when the mask is empty. (No boolean indexing: it would wait for the
+    device to count the selected elements.)"""
+    return _masked_extreme(values, mask, torch.amax, float("-inf"))
 
 
 def masked_min(values: Tensor, mask: Tensor) -> Tensor:
     """Smallest value where mask is set; 0 when the mask is empty."""
-    v = values.to(acc_dtype(values))[mask.bool()]
-    return v.min() if v.numel() else v.new_zeros(())
+    return _masked_extreme(values, mask, torch.amin, float("inf"))
+
+
+def _masked_extreme(values: Tensor, mask: Tensor, reduce, fill: float) -> Tensor:
+    keep = mask.bool().expand_as(values)
+    v = values.to(acc_dtype(values))
+    if v.numel() == 0:  # (a shape, known without the device)
+        return v.new_zeros(())
+    out = reduce(torch.where(keep, v, torch.full((), fill, dtype=v.dtype, device=v.device)))
+    return torch.where(keep.any(), out, torch.zeros((), dtype=v.dtype, device=v.device))
 
 
 def group_ids(index: Any, batch_size: int, *, name: str = "index") -> tuple[Tensor, int]:

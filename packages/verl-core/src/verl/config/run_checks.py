@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any, List, Optional, Sequence
 
-from verl.config.checks import error_at
+from verl.config.checks import error_at, warning_at
 from verl.config.errors import ConfigProblem
 from verl.config.placement import value
 
@@ -79,17 +79,40 @@ def _parquet(key: str, path: Any, columns: Sequence[str]) -> List[ConfigProblem]
     return []
 
 
-def _resume(path: Any) -> List[ConfigProblem]:
-    if path in (None, "auto", "disable"):
-        return []
-    from verl.trainer.checkpoint import COMPLETE  # lazy: config does not import the trainer at module level
+def _resume(cfg: Any) -> List[ConfigProblem]:
+    """An explicit checkpoint must be complete; the one `auto` would take must come from this same run (its
+    fingerprint: model, data, and every setting that decides what a step computes)."""
+    # lazy: config does not import the trainer at module level
+    from verl.trainer import fingerprint
+    from verl.trainer.checkpoint import COMPLETE, CheckpointManager
 
-    fix = "point trainer.resume at a step_<N> folder a finished save wrote, or use auto / disable"
-    if not os.path.isdir(path):
-        return [error_at("trainer.resume", f"checkpoint '{path}' does not exist", fix)]
-    if not os.path.isfile(os.path.join(path, COMPLETE)):
-        return [error_at("trainer.resume", f"'{path}' is not a complete checkpoint (no {COMPLETE} marker)", fix)]
-    return []
+    path = value(cfg, "trainer.resume")
+    if path in (None, "disable"):
+        return []
+    if path == "auto":
+        root = value(cfg, "checkpoint.dir") or os.path.join(str(value(cfg, "trainer.output_dir")), "checkpoints")
+        path = CheckpointManager(root).latest()
+        if path is None:
+            return []
+    else:
+        fix = "point trainer.resume at a step_<N> folder a finished save wrote, or use auto / disable"
+        if not os.path.isdir(path):
+            return [error_at("trainer.resume", f"checkpoint '{path}' does not exist", fix)]
+        if not os.path.isfile(os.path.join(path, COMPLETE)):
+            return [error_at("trainer.resume", f"'{path}' is not a complete checkpoint (no {COMPLETE} marker)", fix)]
+    saved = fingerprint.read(path)
+    changes = [] if saved is None else fingerprint.differences(saved, fingerprint.fingerprint(cfg))
+    if not changes:
+        return []
+    if value(cfg, "trainer.resume") != "auto":  # asked for by name: continued, with the changes said
+        message = f"continuing from '{path}' with other settings than it was saved with: "
+        return [warning_at("trainer.resume", message + fingerprint.describe(changes))]
+    message = f"is auto, and the latest checkpoint '{path}' is from another run: {fingerprint.describe(changes)}"
+    fix = (
+        "rerun with the checkpoint's settings to continue that run; give this run its own trainer.output_dir; "
+        f"or set trainer.resume={path} to continue from it with the new settings"
+    )
+    return [error_at("trainer.resume", message, fix)]
 
 
 def check_run(cfg: Any, roles: Sequence[str], strict: bool = True, reward_given: bool = False) -> List[ConfigProblem]:
@@ -111,7 +134,7 @@ def check_run(cfg: Any, roles: Sequence[str], strict: bool = True, reward_given:
     if value(cfg, "model.warm_start") is not None:
         for i, path in enumerate(_list(value(cfg, "model.warm_start.files"))):
             problems += _parquet(f"model.warm_start.files[{i}]", path, SFT_COLUMNS)
-    problems += _resume(value(cfg, "trainer.resume"))
+    problems += _resume(cfg)
     if not strict:
         problems = [ConfigProblem(p.key, p.message, p.fix, "warning", p.location) for p in problems]
     return problems

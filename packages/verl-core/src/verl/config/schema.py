@@ -229,6 +229,9 @@ class ActorConfig:
         None, lambda n: n >= 1, "must be >= 1, got {v}", "set it to data.max_response_length, or null"
     )
     entropy_coeff: float = any_finite(0.0)  # < 0 rewards low entropy
+    # with entropy_coeff 0 the entropy is only a metric: measured on every this many steps, the first and the last;
+    # 0: never
+    entropy_every: int = at_least(10, 0)
     use_kl_loss: bool = False
     kl_loss_coef: float = non_negative(0.001)
     kl_loss_type: Any = "low_var_kl"  # a KL estimator name, as algorithm.kl_penalty
@@ -340,7 +343,8 @@ class TrackingConfig:
 
 @dataclass
 class CheckpointConfig:
-    save_every: int = at_least(0, 0)  # steps; 0: only at the end
+    save_every: int = at_least(0, 0)  # steps; 0: only at the end (save_last)
+    save_last: bool = True  # a checkpoint of the last step (to resume or extend the run from); false: none at the end
     keep_last: int = at_least(2, 1)
     dir: Optional[str] = None  # None: <trainer.output_dir>/checkpoints
     save_hf: bool = False  # at the end of the run, also write the actor as a Hugging Face folder: <output_dir>/hf

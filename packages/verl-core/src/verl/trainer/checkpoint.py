@@ -6,7 +6,7 @@ can leave (a save's temporary, a `step_N` without its marker) is removed at the 
 an old checkpoint is renamed aside before it is deleted, so a crash mid-delete never leaves a half `step_N`.
 The last `keep_last` are kept.
 
-Layout: <root>/step_<N>/{actor/, critic/, trainer_state.pt, COMPLETE}
+Layout: <root>/step_<N>/{actor/, critic/, trainer_state.pt, run.json, COMPLETE}
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from verl.trainer.fingerprint import RUN_FILE
 from verl.utils.rng import safe_load
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -58,14 +59,20 @@ class CheckpointManager:
         steps = self.steps()
         return self.path(steps[-1]) if steps else None
 
-    def save(self, step: int, write: Callable[[str], None], state: Dict[str, Any]) -> str:
-        """`write(tmp_dir)` has the workers write their shards; `state` is the driver's (data position, ...)."""
+    def save(
+        self, step: int, write: Callable[[str], None], state: Dict[str, Any], run: Optional[Dict[str, Any]] = None
+    ) -> str:
+        """`write(tmp_dir)` has the workers write their shards; `state` is the driver's (data position, ...);
+        `run` the run's fingerprint (verl.trainer.fingerprint), which a later `resume: auto` compares."""
         os.makedirs(self.root, exist_ok=True)
         self.remove_incomplete()
         tmp = os.path.join(self.root, f".step_{step}.tmp-{uuid.uuid4().hex[:8]}")
         os.makedirs(tmp)
         write(tmp)
         torch.save(state, os.path.join(tmp, STATE_FILE))
+        if run is not None:
+            with open(os.path.join(tmp, RUN_FILE), "w") as f:
+                json.dump(run, f, indent=1, sort_keys=True)
         with open(os.path.join(tmp, COMPLETE), "w") as f:
             json.dump({"step": step, "time": time.time()}, f)
             f.flush()

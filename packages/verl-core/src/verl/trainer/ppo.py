@@ -33,6 +33,7 @@ from verl.protocol import DataProto
 from verl.reward import make_reward_manager
 from verl.tracking import Progress, Tracker
 from verl.trainer.checkpoint import CheckpointManager, checkpoint_root
+from verl.trainer.fingerprint import fingerprint
 from verl.trainer.shaping import add_overlong_penalty, first_groups, informative_groups
 from verl.trainer.timer import StageTimer
 from verl.trainer.warm_start import prepare_model
@@ -124,6 +125,7 @@ class PPOTrainer:
         self.use_critic = plan.has("critic")
         self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl) if cfg.algorithm.use_kl_in_reward else None
         self.checkpoints = CheckpointManager(checkpoint_root(cfg), keep_last=cfg.checkpoint.keep_last)
+        self.fingerprint = fingerprint(cfg)  # saved with each checkpoint: what `resume: auto` compares
         self.tracker = Tracker(
             cfg.tracking,
             run_config=OmegaConf.to_container(cfg, resolve=True),
@@ -243,10 +245,17 @@ class PPOTrainer:
                 _mean_over_ranks(self.workers.critic.call(CriticWorker.update_critic, batch.select(CRITIC_UPDATE, [])))
             )
         actor_batch = batch.select(actor_update_columns(self.cfg, self.plan.old_log_probs == "recompute"), [])
-        metrics.update(
-            _mean_over_ranks(self.workers.actor_rollout.call(ActorRolloutRefWorker.update_actor, actor_batch))
-        )
+        call = self.workers.actor_rollout.call
+        metrics.update(_mean_over_ranks(call(ActorRolloutRefWorker.update_actor, actor_batch, entropy=self.entropy_due())))
         return metrics
+
+    def entropy_due(self) -> bool:
+        """Whether this step's update measures the policy's entropy: when it is in the loss, else on the first,
+        the last and every actor.entropy_every-th step (a metric only then, and not free for a large vocabulary)."""
+        a, step = self.cfg.actor, self.step + 1  # the step being trained
+        if a.entropy_coeff:
+            return True
+        return a.entropy_every > 0 and (step % a.entropy_every == 0 or step in (1, self.plan.total_steps))
 
     # ---- one step, validation, checkpoints ----------------------------------------------------------
     def train_step(self, prompts: DataProto) -> Dict[str, float]:
@@ -265,7 +274,8 @@ class PPOTrainer:
             batch = self.compute_log_probs(batch)
         b = batch.batch
         if "old_log_probs" in b.keys():  # else the update measures the mismatch on its own forward
-            metrics.update(rollout_mismatch_metrics(b["old_log_probs"], b["rollout_log_probs"], b["response_mask"]))
+            mismatch = rollout_mismatch_metrics(b["old_log_probs"], b["rollout_log_probs"], b["response_mask"])
+            metrics.update({k: float(v) for k, v in mismatch.items()})
         with timer("adv"):
             metrics.update(self.compute_advantages(batch))
         with timer("update"):
@@ -322,7 +332,7 @@ class PPOTrainer:
             "rng": get_rng_state(),
             "val_history": self.val_history,
         }
-        return self.checkpoints.save(self.step, write, state)
+        return self.checkpoints.save(self.step, write, state, run=self.fingerprint)
 
     def maybe_resume(self) -> None:
         for name in self.checkpoints.remove_incomplete():
@@ -344,6 +354,12 @@ class PPOTrainer:
         self.tracker.resume_at(self.step)  # each step appears once in the logs, however often the run was killed
         logger.info("resumed from %s at step %d", path, self.step)
         print(f"verl: resumed from {path} (step {self.step})", flush=True)
+        if self.step >= self.plan.total_steps:
+            print(
+                f"verl: that run is finished (trainer.total_steps={self.plan.total_steps}): nothing to train. Raise "
+                "trainer.total_steps to train it further, or give a new run its own trainer.output_dir",
+                flush=True,
+            )
 
     def fit(self) -> Dict[str, Any]:
         """Train to trainer.total_steps; returns a summary (validation before/after, throughput)."""
@@ -367,8 +383,8 @@ class PPOTrainer:
                 if self.step % t.log_every == 0 or last:
                     self.tracker.log(metrics, step=self.step)
                 progress.update(self.step, metrics)
-                every = self.cfg.checkpoint.save_every
-                if (every and self.step % every == 0) or last:
+                every, final = self.cfg.checkpoint.save_every, self.cfg.checkpoint.save_last
+                if (every and self.step % every == 0) or (last and final):
                     self.save_checkpoint()
             if self.cfg.checkpoint.save_hf:
                 self.workers.actor_rollout.call(ActorRolloutRefWorker.export_hf, os.path.join(self.output_dir, "hf"))

@@ -113,8 +113,10 @@ class ActorRolloutRefWorker(Worker):
         return DataProto.from_dict(out)
 
     @register(Dispatch.DP_COMPUTE)
-    def update_actor(self, batch: DataProto) -> Dict[str, float]:
-        """The actor's PPO update on this rank's rows, then the weight sync into the colocated rollout."""
+    def update_actor(self, batch: DataProto, entropy: bool = True) -> Dict[str, float]:
+        """The actor's PPO update on this rank's rows, then the weight sync into the colocated rollout.
+
+        entropy: measure it (always done when actor.entropy_coeff is set: it is then part of the loss)."""
         if self.rollout is not None:  # the hybrid engine: no generation memory held while the actor trains
             self.rollout.sleep()
         a, actor = self.cfg.actor, self.plan.role("actor")
@@ -126,7 +128,7 @@ class ActorRolloutRefWorker(Worker):
             micro_rows=actor.train.micro,
             loss_fn=actor_loss_fn(a),
             temperature=self.plan.temperature,
-            entropy=True,
+            entropy=entropy or bool(a.entropy_coeff),
             entropy_grad=bool(a.entropy_coeff),  # fused kernels skip the entropy gradient when it is only logged
         )
         metrics = {k if k.startswith("rollout/") else f"actor/{k}": v for k, v in metrics.items()}

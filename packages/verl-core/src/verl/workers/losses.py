@@ -11,8 +11,9 @@ from verl.engine import LossFn
 from verl.protocol import DataProto
 
 
-def _num(v) -> float:
-    return float(v.detach()) if isinstance(v, torch.Tensor) else float(v)
+def _num(v):
+    """A metric as the engines' Accumulator takes it: a detached tensor (read back once per step) or a float."""
+    return v.detach() if isinstance(v, torch.Tensor) else float(v)
 
 
 def actor_loss_fn(actor_cfg) -> LossFn:
