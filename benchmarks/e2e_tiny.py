@@ -107,10 +107,12 @@ def run_plain(cfg, steps: int) -> list[dict]:
         full_mask = torch.cat([mask, resp_mask], 1)
         pos = (full_mask.cumsum(1) - 1).clamp(min=0)
 
-        def logprobs(m, full=full, full_mask=full_mask, pos=pos, resp=resp):
-            logits = m(input_ids=full, attention_mask=full_mask, position_ids=pos, logits_to_keep=max_new + 1).logits
+        def logprobs(m, sl=slice(None), full=full, full_mask=full_mask, pos=pos, resp=resp):
+            logits = m(
+                input_ids=full[sl], attention_mask=full_mask[sl], position_ids=pos[sl], logits_to_keep=max_new + 1
+            ).logits
             logits = logits[:, :-1].float() / r.temperature
-            return torch.log_softmax(logits, -1).gather(-1, resp.unsqueeze(-1)).squeeze(-1)
+            return torch.log_softmax(logits, -1).gather(-1, resp[sl].unsqueeze(-1)).squeeze(-1)
 
         s = time.perf_counter()
         with torch.no_grad():
@@ -128,8 +130,7 @@ def run_plain(cfg, steps: int) -> list[dict]:
         for lo in range(0, len(full), mini):
             sl = slice(lo, lo + mini)
             opt.zero_grad()
-            lp_all = logprobs(model)
-            ratio = (lp_all[sl] - old[sl]).exp()
+            ratio = (logprobs(model, sl) - old[sl]).exp()  # this mini-batch's rows only
             clipped = ratio.clamp(1 - a.clip_ratio, 1 + a.clip_ratio)
             per_tok = torch.maximum(-adv[sl] * ratio, -adv[sl] * clipped)
             loss = (per_tok * resp_mask[sl]).sum() / resp_mask[sl].sum()

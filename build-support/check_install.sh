@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the wheels `./pants package ::` built into fresh virtualenvs, as a user would, and checks that
 #   1. verl-core alone pulls in none of megatron-core, vllm, sglang, triton, and its `verl` command runs;
-#   2. with all five wheels, every backend registers and every recipe validates outside the repository.
+#   2. core + fsdp + rollout (the common CPU set), named alone, install without Triton and train a tiny run;
+#   3. with all five wheels, every backend registers and every recipe validates outside the repository.
 # Usage: check_install.sh [DIST_DIR]. Extra pip arguments (an index, find-links) come from pip's own config.
 set -euo pipefail
 dist="$(cd "${1:-dist}" && pwd)"
@@ -30,6 +31,20 @@ PY
 (cd "$work" && "$work/core/bin/verl" info) > "$work/info-core.txt" || fail "verl info failed with verl-core alone"
 grep -q "fsdp .*not installed (pip install verl-fsdp)" "$work/info-core.txt" || fail "verl info (core only) did not list fsdp as not installed"
 echo "check_install: verl-core alone: $("$work/core/bin/pip" list 2>/dev/null | tail -n +3 | wc -l) distributions, none of the heavy backend dependencies"
+
+# The common CPU set, named as a user names it: core + fsdp + rollout (verl-kernels comes as fsdp's dependency,
+# without Triton, its optional extra); a tiny GRPO run trains with it from outside the repository, on a real
+# local Ray cluster.
+pip_install --find-links "$dist" verl-core verl-fsdp verl-rollout
+extra="$("$work/core/bin/pip" list 2>/dev/null | grep -iE "^(triton|megatron-core|vllm|sglang) " || true)"
+[ -z "$extra" ] || fail "core + fsdp + rollout pulled in: $extra"
+tiny=(trainer.total_steps=2 model.warm_start=null data.train_batch_size=4 actor.ppo_mini_batch_size=4 rollout.n=2
+      actor.ppo_micro_batch_size_per_device=8
+      trainer.val_every=0 data.val_files=[] "trainer.output_dir=$work/run" "tracking.loggers=[console]")
+(cd "$work" && "$work/core/bin/verl" train "$recipes/grpo_tiny.yaml" "${tiny[@]}" > "$work/train.log" 2>&1) \
+    || { cat "$work/train.log" >&2; fail "a tiny training with core + fsdp + rollout failed"; }
+grep -qE "^verl grpo_tiny: .*; 2 steps in" "$work/train.log" || { cat "$work/train.log" >&2; fail "no summary line"; }
+echo "check_install: core + fsdp + rollout (no Triton): $(grep -E '^verl grpo_tiny:' "$work/train.log")"
 
 pip_install "$dist"/verl_*.whl
 (cd "$work" && "$work/core/bin/verl" info) > "$work/info-all.txt" || fail "verl info failed with all packages"

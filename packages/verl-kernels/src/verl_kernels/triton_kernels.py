@@ -14,8 +14,8 @@ matmuls then fold the chunk into grad_hidden and grad_weight. Only the chunk buf
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+import triton  # pants: no-infer-dep (an optional extra of the wheel: pip install 'verl-kernels[triton]')
+import triton.language as tl  # pants: no-infer-dep
 
 from verl_kernels.function import KernelOps
 from verl_kernels.online_softmax import Partials, merge_stacked

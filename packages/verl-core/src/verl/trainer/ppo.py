@@ -38,6 +38,7 @@ from verl.trainer.shaping import add_overlong_penalty, first_groups, informative
 from verl.trainer.timer import StageTimer
 from verl.trainer.warm_start import prepare_model
 from verl.trainer.workers import start_workers
+from verl.utils.process import seconds_since_start
 from verl.utils.rng import get_rng_state, set_rng_state
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from verl.workers.columns import CRITIC_UPDATE, MODEL_INPUTS, PROMPTS, actor_update_columns
@@ -246,7 +247,9 @@ class PPOTrainer:
             )
         actor_batch = batch.select(actor_update_columns(self.cfg, self.plan.old_log_probs == "recompute"), [])
         call = self.workers.actor_rollout.call
-        metrics.update(_mean_over_ranks(call(ActorRolloutRefWorker.update_actor, actor_batch, entropy=self.entropy_due())))
+        metrics.update(
+            _mean_over_ranks(call(ActorRolloutRefWorker.update_actor, actor_batch, entropy=self.entropy_due()))
+        )
         return metrics
 
     def entropy_due(self) -> bool:
@@ -365,7 +368,7 @@ class PPOTrainer:
         """Train to trainer.total_steps; returns a summary (validation before/after, throughput)."""
         t = self.cfg.trainer
         self.maybe_resume()
-        run_start, tokens, step_seconds = time.perf_counter(), 0.0, 0.0
+        run_start, tokens, step_seconds, first_step_s = time.perf_counter(), 0.0, 0.0, None
         if t.val_before_train and self.step == 0:
             self.tracker.log(self.validate(), step=0)
         total = self.plan.total_steps
@@ -375,6 +378,8 @@ class PPOTrainer:
                 prompts = self.train_loader.next_batch()
                 metrics = self.train_step(prompts)
                 self.step += 1
+                if first_step_s is None:  # start-up included: imports, Ray, workers, model loading
+                    first_step_s = seconds_since_start()
                 tokens += metrics["perf/tokens_per_s"] * metrics["timing/step_s"]
                 step_seconds += metrics["timing/step_s"]
                 last = self.step == total
@@ -391,14 +396,15 @@ class PPOTrainer:
         finally:
             progress.close()
             self.tracker.close()
-        return self.summary(time.perf_counter() - run_start, tokens / max(step_seconds, 1e-9))
+        return self.summary(time.perf_counter() - run_start, tokens / max(step_seconds, 1e-9), first_step_s)
 
-    def summary(self, seconds: float, tokens_per_s: float) -> Dict[str, Any]:
+    def summary(self, seconds: float, tokens_per_s: float, first_step_s: Optional[float] = None) -> Dict[str, Any]:
         at = {v["step"]: v["val/accuracy"] for v in self.val_history}
         return {
             "steps": self.step,
             "seconds": seconds,
             "tokens_per_s": tokens_per_s,
+            "first_step_s": first_step_s,  # process start to the end of its first step; None: no step trained
             "val_accuracy_before": at.get(0),  # None when trainer.val_before_train is off
             "val_accuracy_after": at.get(self.step),
         }
@@ -421,4 +427,7 @@ def format_summary(name: str, s: Dict[str, Any]) -> str:
         acc = f"held-out greedy accuracy {100 * before:.1f}% -> {100 * after:.1f}% ({100 * (after - before):+.1f} pts)"
     elif after is not None:
         acc = f"held-out greedy accuracy {100 * after:.1f}% at the end"
-    return f"verl {name}: {acc}; {s['steps']} steps in {s['seconds']:.0f} s; {s['tokens_per_s']:.0f} tokens/s"
+    first = s.get("first_step_s")
+    first = f" (the first done {first:.1f} s after start)" if first is not None else ""
+    steps = f"{s['steps']} steps in {s['seconds']:.0f} s{first}"
+    return f"verl {name}: {acc}; {steps}; {s['tokens_per_s']:.0f} tokens/s"
