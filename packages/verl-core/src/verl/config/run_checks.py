@@ -69,7 +69,7 @@ def _parquet(key: str, path: Any, columns: Sequence[str]) -> List[ConfigProblem]
         meta = pq.read_metadata(path)
     except (pa.ArrowInvalid, OSError) as e:
         return [error_at(key, f"'{path}' is not a readable parquet file ({e})", "convert it to parquet")]
-    names = meta.schema.names
+    names = meta.schema.to_arrow_schema().names  # top-level columns (the parquet schema's names are its leaves)
     missing = [c for c in columns if c not in names]
     if missing:
         message = f"'{path}' lacks the column(s) {', '.join(missing)}; it has {', '.join(names)}"
