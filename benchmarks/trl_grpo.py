@@ -34,6 +34,7 @@ def main() -> None:
 
     class StepLog(TrainerCallback):
         def __init__(self, path: str):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             self.f = open(path, "w")
             self.start, self.tokens = 0.0, 0
 
@@ -65,7 +66,7 @@ def main() -> None:
         temperature=1.0,
         seed=a.seed,
         bf16=False,
-        gradient_checkpointing=False,
+        activation_checkpointing=False,
         use_cpu=True,
         logging_steps=1,
         report_to="none",
