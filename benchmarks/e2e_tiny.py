@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import time
 from pathlib import Path
 
 import torch
-from machine import cpu_name
+from machine import machine_line, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "grpo_tiny.yaml"
@@ -176,13 +175,12 @@ def main() -> None:
     v, p = summarize(verl_rows, args.skip), summarize(plain_rows, args.skip)
     ratio = v["perf/tokens_per_s"] / p["perf/tokens_per_s"]
 
-    cpu = cpu_name()
     lines = [
         "# grpo_tiny end to end: verl vs a plain PyTorch loop",
         "",
         f"Measured {time.strftime('%Y-%m-%dT%H:%M:%S%z')} with `benchmarks/e2e_tiny.py --steps {args.steps}`.",
         "",
-        f"- Machine: {cpu}, {os.cpu_count()} cores; Python {platform.python_version()}, torch {torch.__version__}",
+        f"- Machine: {machine_line()}",
         f"- Settings: recipes/grpo_tiny.yaml ({cfg.data.train_batch_size} prompts x {cfg.rollout.n} samples, "
         f"max {cfg.data.max_response_length} new tokens, mini-batch {cfg.actor.ppo_mini_batch_size} prompts, "
         f"{cfg.placement.devices_per_node} CPU worker), {args.steps} steps each, medians over steps {args.skip + 1}-{args.steps}",
@@ -202,9 +200,7 @@ def main() -> None:
         "verl's stage times are measured on the driver around each worker call (Ray round trip and DataProto",
         "transfer included); the plain loop times the same work inline.",
     ]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(args.out, lines)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-from machine import cpu_name
+from machine import machine_line, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = ROOT / "benchmarks"
@@ -213,19 +212,17 @@ def main() -> None:
                     f"{100 * before:.1f}% -> {100 * s['accuracy']:.1f}% ({time.perf_counter() - t0:.0f} s)",
                     flush=True,
                 )
-    write_report(args, results, before, versions, load_before)
+    report(args, results, before, versions, load_before)
 
 
-def write_report(args, results: dict, before: float, versions: list, load_before: float) -> None:
-    med = lambda xs: statistics.median(xs)  # noqa: E731
+def report(args, results: dict, before: float, versions: list, load_before: float) -> None:
     lines = [
         "# verl vs TRL's GRPOTrainer: the same tiny GRPO run",
         "",
         f"Measured {time.strftime('%Y-%m-%dT%H:%M:%S%z')} with `benchmarks/vs_trl.py --steps {args.steps} "
         f"--seeds {' '.join(map(str, args.seeds))} --threads {' '.join(map(str, args.threads))}`.",
         "",
-        f"- Machine: {cpu_name()}, {os.cpu_count()} cores; Python {platform.python_version()}, "
-        f"torch {torch.__version__}; TRL side: trl {versions[0]}, transformers {versions[1]}, torch {versions[2]}",
+        f"- Machine: {machine_line()}; TRL side: trl {versions[0]}, transformers {versions[1]}, torch {versions[2]}",
         f"- Run: the embedded tiny Llama (warm-started, as a Hugging Face folder), {PROMPTS} prompts x {N} samples, "
         f"{MAX_NEW} new tokens, lr {LR}, no KL, 1 epoch x 1 mini-batch per step, fp32, {args.steps} steps; "
         f"medians over seeds of each run's median s/step after {args.skip} warm-up steps",
@@ -235,14 +232,14 @@ def write_report(args, results: dict, before: float, versions: list, load_before
         "|---|---|---|---|---|---|---|",
     ]
     for threads in args.threads:
-        trl_tps = med([r["tokens_per_s"] for r in results[("trl", threads)]])
+        trl_tps = statistics.median([r["tokens_per_s"] for r in results[("trl", threads)]])
         for name in ("trl", "verl"):
             rs = results[(name, threads)]
-            tps = med([r["tokens_per_s"] for r in rs])
+            tps = statistics.median([r["tokens_per_s"] for r in rs])
             accs = ", ".join(f"{100 * r['accuracy']:.1f}" for r in rs)
             lines.append(
-                f"| {threads} | {name} | {med([r['s_per_step'] for r in rs]):.3f} | {tps:.0f} | "
-                f"**{tps / trl_tps:.2f}x** | {med([r['first_step_s'] for r in rs]):.1f} | {accs} % |"
+                f"| {threads} | {name} | {statistics.median([r['s_per_step'] for r in rs]):.3f} | {tps:.0f} | "
+                f"**{tps / trl_tps:.2f}x** | {statistics.median([r['first_step_s'] for r in rs]):.1f} | {accs} % |"
             )
     lines += [
         "",
@@ -250,9 +247,7 @@ def write_report(args, results: dict, before: float, versions: list, load_before
         "count: verl's attention mask, TRL's num_input_tokens_seen). Time to first step: from starting the process",
         "to the end of step 1 (imports, Ray and workers for verl; model and dataset loading for both).",
     ]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(args.out, lines)
 
 
 if __name__ == "__main__":

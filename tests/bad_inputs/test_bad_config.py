@@ -140,8 +140,10 @@ CASES = [
 
 
 @pytest.mark.parametrize("overrides, culprit, text", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input_is_refused_before_anything_starts(overrides, culprit, text, files, capsys):
-    code = cli.main(["train", RECIPE, *(o.format(**files) for o in overrides)])
+def test_bad_input_is_refused_before_anything_starts(overrides, culprit, text, files, capsys, tmp_path):
+    # Its own output folder (first: a case may override it): the recipe's default may hold a real run's
+    # checkpoints, which resume: auto compares with.
+    code = cli.main(["train", RECIPE, f"trainer.output_dir={tmp_path}", *(o.format(**files) for o in overrides)])
     out, err = capsys.readouterr()
     assert "Traceback" not in out + err
     assert code == 2, err
@@ -153,9 +155,10 @@ def test_there_are_at_least_forty_cases():
     assert len(CASES) >= 40 and len({c[0] for c in CASES}) == len(CASES)
 
 
-def test_the_python_api_checks_the_files_too_and_a_passed_reward_stands_in_for_reward_fn():
+def test_the_python_api_checks_the_files_too_and_a_passed_reward_stands_in_for_reward_fn(tmp_path):
     import verl
 
+    overrides = ["model.path=/no/such/model", "reward.fn=null", f"trainer.output_dir={tmp_path}"]
     with pytest.raises(verl.ConfigError) as info:
-        verl.PPOTrainer(RECIPE, overrides=["model.path=/no/such/model", "reward.fn=null"], reward_fn=lambda **kw: 0.0)
+        verl.PPOTrainer(RECIPE, overrides=overrides, reward_fn=lambda **kw: 0.0)
     assert [p.key for p in info.value.problems] == ["model.path"]  # not reward.fn: the function was passed

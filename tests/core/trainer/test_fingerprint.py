@@ -10,8 +10,8 @@ import pandas as pd
 
 from verl.config.loader import load_config
 from verl.config.run_checks import check_run
-from verl.trainer.checkpoint import CheckpointManager
-from verl.trainer.fingerprint import RUN_FILE, differences, fingerprint
+from verl.trainer.checkpoint import RUN_FILE, CheckpointManager
+from verl.trainer.fingerprint import differences, fingerprint
 
 RECIPE = "recipes/grpo_tiny.yaml"
 
@@ -99,3 +99,16 @@ def test_every_change_is_named(tmp_path):
     (problem,) = _resume_problems(_cfg(tmp_path, *(f"{k}={v}" for k, v in changes.items())))
     assert all(k in problem.message for k in changes), problem.message  # four in full, the rest by name
     assert "(and 2 more:" in problem.message
+
+
+def test_a_broken_config_beside_a_checkpoint_is_still_a_list_of_problems(tmp_path):
+    """Nothing to compare then: the key that does not resolve, or the file that is not parquet, is named by the
+    other checks, and the resume check stays out of the way (no traceback)."""
+    _save(_cfg(tmp_path))
+    broken = _cfg(tmp_path)
+    broken.tracking.log_dir = "${trainer.nope}/logs"  # as `verl train` still holds it while collecting problems
+    assert _resume_problems(broken) == []
+    (tmp_path / "data.parquet").write_text("prompt,answer\n1+1=,2\n")
+    cfg = _cfg(tmp_path, f"data.train_files=[{tmp_path / 'data.parquet'}]")
+    problems = check_run(cfg, roles=[])
+    assert [p.key for p in problems] == ["data.train_files[0]", "trainer.resume"]  # unreadable; another run's data

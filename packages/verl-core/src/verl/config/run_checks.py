@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any, List, Optional, Sequence
 
+from omegaconf.errors import OmegaConfBaseException
+
 from verl.config.checks import error_at, warning_at
 from verl.config.errors import ConfigProblem
 from verl.config.placement import value
@@ -84,27 +86,27 @@ def _resume(cfg: Any) -> List[ConfigProblem]:
     fingerprint: model, data, and every setting that decides what a step computes)."""
     # lazy: config does not import the trainer at module level
     from verl.trainer import fingerprint
-    from verl.trainer.checkpoint import COMPLETE, CheckpointManager
+    from verl.trainer.checkpoint import COMPLETE, CheckpointManager, checkpoint_root
 
-    path = value(cfg, "trainer.resume")
-    if path in (None, "disable"):
+    mode = value(cfg, "trainer.resume")
+    if mode in (None, "disable"):
         return []
-    if path == "auto":
-        root = value(cfg, "checkpoint.dir") or os.path.join(str(value(cfg, "trainer.output_dir")), "checkpoints")
-        path = CheckpointManager(root).latest()
-        if path is None:
-            return []
-    else:
+    if mode != "auto":
         fix = "point trainer.resume at a step_<N> folder a finished save wrote, or use auto / disable"
-        if not os.path.isdir(path):
-            return [error_at("trainer.resume", f"checkpoint '{path}' does not exist", fix)]
-        if not os.path.isfile(os.path.join(path, COMPLETE)):
-            return [error_at("trainer.resume", f"'{path}' is not a complete checkpoint (no {COMPLETE} marker)", fix)]
-    saved = fingerprint.read(path)
-    changes = [] if saved is None else fingerprint.differences(saved, fingerprint.fingerprint(cfg))
+        if not os.path.isdir(mode):
+            return [error_at("trainer.resume", f"checkpoint '{mode}' does not exist", fix)]
+        if not os.path.isfile(os.path.join(mode, COMPLETE)):
+            return [error_at("trainer.resume", f"'{mode}' is not a complete checkpoint (no {COMPLETE} marker)", fix)]
+    try:
+        now = fingerprint.fingerprint(cfg)  # (resolves every key)
+    except OmegaConfBaseException:  # a key that does not resolve: validation names it; nothing to compare
+        return []
+    path = CheckpointManager(checkpoint_root(cfg)).latest() if mode == "auto" else mode
+    saved = None if path is None else CheckpointManager.load_run(path)
+    changes = [] if saved is None else fingerprint.differences(saved, now)
     if not changes:
         return []
-    if value(cfg, "trainer.resume") != "auto":  # asked for by name: continued, with the changes said
+    if mode != "auto":  # asked for by name: continued, with the changes said
         message = f"continuing from '{path}' with other settings than it was saved with: "
         return [warning_at("trainer.resume", message + fingerprint.describe(changes))]
     message = f"is auto, and the latest checkpoint '{path}' is from another run: {fingerprint.describe(changes)}"

@@ -21,12 +21,12 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from verl.trainer.fingerprint import RUN_FILE
 from verl.utils.rng import safe_load
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 COMPLETE = "COMPLETE"
 STATE_FILE = "trainer_state.pt"
+RUN_FILE = "run.json"  # the run's fingerprint (verl.trainer.fingerprint)
 
 
 def checkpoint_root(cfg: Any) -> str:
@@ -91,6 +91,15 @@ class CheckpointManager:
         if not os.path.exists(os.path.join(path, COMPLETE)):
             raise FileNotFoundError(f"{path} is not a complete checkpoint (no {COMPLETE} marker); pick another")
         return safe_load(os.path.join(path, STATE_FILE))
+
+    @staticmethod
+    def load_run(path: str) -> Optional[Dict[str, Any]]:
+        """The fingerprint a checkpoint was saved with; None for one saved before checkpoints carried it."""
+        run = os.path.join(path, RUN_FILE)
+        if not os.path.isfile(run):
+            return None
+        with open(run) as f:
+            return json.load(f)
 
     def remove_incomplete(self) -> List[str]:
         """Delete the leftovers of a crash: unfinished saves, folders set aside, `step_N` without COMPLETE."""

@@ -1,6 +1,6 @@
 """What makes a checkpoint part of one run: the settings that decide what it computes, the model and the data.
 
-Every checkpoint carries its run's fingerprint (run.json). `trainer.resume: auto` continues from the latest
+Every checkpoint carries its run's fingerprint (run.json, written and read by CheckpointManager). `trainer.resume: auto` continues from the latest
 checkpoint only when the fingerprint now is the same; keys that say how a run is carried out or recorded (its
 length, logging, validation, placement, micro-batch sizes) may change between a run and its resumption.
 """
@@ -11,8 +11,6 @@ import hashlib
 import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Tuple
-
-RUN_FILE = "run.json"
 
 # Keys (or key prefixes, ending in ".") a resumed run may set differently: none changes what a step computes.
 FREE = (
@@ -59,9 +57,13 @@ def _files(paths: Any) -> List[Any]:
     for path in [] if paths is None or isinstance(paths, str) else list(paths):
         rows = None
         if isinstance(path, str) and os.path.isfile(path):
+            import pyarrow as pa
             import pyarrow.parquet as pq
 
-            rows = pq.read_metadata(path).num_rows
+            try:
+                rows = pq.read_metadata(path).num_rows
+            except (pa.ArrowInvalid, OSError):  # not parquet: the data-file checks report it
+                pass
         out.append([path, rows])
     return out
 
@@ -84,15 +86,6 @@ def fingerprint(cfg: Any) -> Dict[str, Any]:
     flat["data.train_files"] = _files(flat.get("data.train_files"))
     flat["model.config_json"] = _model(flat.get("model.path"))
     return json.loads(json.dumps(flat, default=str))  # as it reads back from run.json
-
-
-def read(checkpoint: str) -> Optional[Dict[str, Any]]:
-    """The fingerprint a checkpoint was saved with; None for one saved before checkpoints carried it."""
-    path = os.path.join(checkpoint, RUN_FILE)
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
 
 
 def differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> List[Tuple[str, Any, Any]]:

@@ -253,12 +253,11 @@ class PPOTrainer:
         return metrics
 
     def entropy_due(self) -> bool:
-        """Whether this step's update measures the policy's entropy: when it is in the loss, else on the first,
-        the last and every actor.entropy_every-th step (a metric only then, and not free for a large vocabulary)."""
-        a, step = self.cfg.actor, self.step + 1  # the step being trained
-        if a.entropy_coeff:
-            return True
-        return a.entropy_every > 0 and (step % a.entropy_every == 0 or step in (1, self.plan.total_steps))
+        """Whether this step's update measures the policy's entropy as a metric: on the first, the last and every
+        actor.entropy_every-th step (not free for a large vocabulary). The worker computes it on every step where
+        actor.entropy_coeff puts it in the loss."""
+        every, step = self.cfg.actor.entropy_every, self.step + 1  # the step being trained
+        return every > 0 and (step % every == 0 or step in (1, self.plan.total_steps))
 
     # ---- one step, validation, checkpoints ----------------------------------------------------------
     def train_step(self, prompts: DataProto) -> Dict[str, float]:

@@ -11,7 +11,7 @@ from verl.engine import LossFn
 from verl.protocol import DataProto
 
 
-def _num(v):
+def _metric(v):
     """A metric as the engines' Accumulator takes it: a detached tensor (read back once per step) or a float."""
     return v.detach() if isinstance(v, torch.Tensor) else float(v)
 
@@ -41,10 +41,10 @@ def actor_loss_fn(actor_cfg) -> LossFn:
             rollout_log_probs=b.get("rollout_log_probs"),
         )
         loss = pg_loss
-        metrics.update({"pg_loss": _num(pg_loss), **{k: _num(v) for k, v in pg_metrics.items()}})
+        metrics.update({"pg_loss": _metric(pg_loss), **{k: _metric(v) for k, v in pg_metrics.items()}})
         if "entropy" in out:
             entropy = agg_loss(out["entropy"], mask, actor_cfg.loss_agg_mode)
-            metrics["entropy"] = _num(entropy)
+            metrics["entropy"] = _metric(entropy)
             if actor_cfg.entropy_coeff:
                 loss = loss - actor_cfg.entropy_coeff * entropy
         if actor_cfg.use_kl_loss:
@@ -52,7 +52,7 @@ def actor_loss_fn(actor_cfg) -> LossFn:
                 kl_penalty(log_prob, b["ref_log_probs"], actor_cfg.kl_loss_type), mask, actor_cfg.loss_agg_mode
             )
             loss = loss + actor_cfg.kl_loss_coef * kl
-            metrics["kl_loss"] = _num(kl)
+            metrics["kl_loss"] = _metric(kl)
         return loss, metrics
 
     return loss_fn
@@ -71,6 +71,6 @@ def critic_loss_fn(critic_cfg) -> LossFn:
             cliprange_value=critic_cfg.cliprange_value,
             loss_agg_mode=critic_cfg.loss_agg_mode,
         )
-        return loss, {"vf_loss": _num(loss), **{k: _num(v) for k, v in metrics.items()}}
+        return loss, {"vf_loss": _metric(loss), **{k: _metric(v) for k, v in metrics.items()}}
 
     return loss_fn
