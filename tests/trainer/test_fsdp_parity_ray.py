@@ -1,4 +1,4 @@
-"""The FSDP actor across 2 Ray workers (world size 2, gloo) takes the same step as world size 1.
+"""The FSDP actor across 2 Ray workers (world size 2, gloo) takes the same step as world size 1 (a plain module).
 
 Same batch, same starting weights: the loss and every updated parameter agree within float32 reduction-order
 noise (atol 1e-6 on weights of size ~0.02-1).
@@ -15,6 +15,7 @@ from verl.config.plan import build_plan
 from verl.controller import make_worker_group, pools_from_plan
 from verl.embedded.models import materialize_embedded_model
 from verl.protocol import DataProto
+from verl.utils.shared_prefix import pack_shared_prefixes
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
 pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
@@ -23,7 +24,12 @@ ROWS, P, R = 8, 6, 4
 
 
 def _batch(vocab: int) -> DataProto:
-    return policy_batch(ROWS, P, R, vocab, old_log_prob=-2.0)
+    """Rows in pairs with the same prompt, as rollout.n=2 gives them, so both worlds pack shared prefixes (and
+    world 2's FSDP units carry the packed forward and the head applied outside it)."""
+    batch = policy_batch(ROWS, P, R, vocab, old_log_prob=-2.0)
+    for key in ("input_ids", "attention_mask", "position_ids"):
+        batch.batch[key][1::2, :P] = batch.batch[key][0::2, :P]
+    return batch
 
 
 def _step(cfg, model_path: str, batch: DataProto):
@@ -54,6 +60,9 @@ def test_world_two_equals_world_one(ray_two_cpus, tmp_path, embedded_cache):  # 
     one = tiny_config("grpo_tiny", str(tmp_path / "one"), *common, "placement.devices_per_node=1")
     two = tiny_config("grpo_tiny", str(tmp_path / "two"), *common, "placement.devices_per_node=2")
     batch = _batch(vocab=83)
+    b = batch.batch
+    for half in (slice(0, ROWS // 2), slice(ROWS // 2, ROWS)):  # each world-2 rank's rows pack
+        assert pack_shared_prefixes(b["input_ids"][half], b["attention_mask"][half], b["position_ids"][half], R)
     m1, w1 = _step(one, model_path, batch)
     m2, w2 = _step(two, model_path, batch)
     assert len(m1) == 1 and len(m2) == 2  # one metrics dict per dp rank

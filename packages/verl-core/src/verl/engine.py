@@ -42,6 +42,7 @@ class EngineConfig:
     gradient_checkpointing: bool = False
     param_offload: bool = False
     use_fused_kernels: bool = False
+    shared_prefix: bool = True  # rows with the same prompt computed as one sequence (verl.utils.shared_prefix)
     fused_kernel_impl: str = "torch"
     seed: int = 1
     parallel: Optional[Any] = None  # the role's Layout from the plan, or a ParallelConfig (backends that split use it)

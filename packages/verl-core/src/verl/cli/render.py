@@ -93,6 +93,11 @@ def _batch_lines(plan: Plan) -> List[str]:
             if plan.old_log_probs == "update"
             else f"old log-probs: a pass before the update ({plan.old_log_probs_why})"
         )
+    if plan.shared_prefix:
+        lines.append(
+            f"shared prefix: {', '.join(plan.shared_prefix)} compute the samples of a prompt as one sequence, the "
+            "prompt once (model.shared_prefix=false for padded rows)"
+        )
     return lines
 
 

@@ -136,6 +136,8 @@ class Plan:
     # update's own forward, detached: equal to the old policy's when the update is on-policy)
     old_log_probs: str = "recompute"
     old_log_probs_why: str = ""  # why they need a pass of their own (validate shows it)
+    # Roles whose forward passes compute each prompt's samples as one sequence, the prompt once (model.shared_prefix)
+    shared_prefix: Tuple[str, ...] = ()
     threads: Optional[int] = None  # CPU: torch threads of each worker process (None on GPUs)
     threads_from: str = ""  # where that number comes from (validate shows it)
 
@@ -296,9 +298,17 @@ def draft_plan(cfg: Any, total_steps: Optional[int] = None) -> Draft:
         total_steps=total_steps if total_steps is not None else value(cfg, "trainer.total_steps"),
         old_log_probs="recompute" if why else "update",
         old_log_probs_why=why or "",
+        shared_prefix=_shared_prefix_roles(cfg, layouts),
     )
     plan = dataclasses.replace(plan, **_threads(cfg, plan))
     return Draft(roles, role_pool, plan, tuple(problems + found + layout_problems))
+
+
+def _shared_prefix_roles(cfg: DictConfig, layouts) -> Tuple[str, ...]:
+    """The FSDP roles that pack a prompt's samples (the megatron engine computes padded rows)."""
+    if not value(cfg, "model.shared_prefix") or (value(cfg, "rollout.n") or 1) < 2:
+        return ()
+    return tuple(lay.role for lay in layouts if lay.role in ("actor", "ref", "critic") and lay.backend == "fsdp")
 
 
 def _threads(cfg: DictConfig, plan: Plan) -> dict:

@@ -1,0 +1,133 @@
+"""Shared-prefix packing: the samples of a prompt computed as one sequence, the prompt once.
+
+GRPO-style batches hold n responses per prompt, and the padded layout (`verl.engine`) runs the prompt n times.
+Packed, each group of rows with the same prompt becomes one sequence `[prompt, response_1, ..., response_n]`
+with an attention mask under which the prompt is causal and each response sees the prompt and its own earlier
+tokens only, at the positions it had in its padded row. Every response token is then predicted from exactly
+the hidden states it was predicted from in its own row, so log-probs, values and gradients are those of the
+padded batch up to float summation order, for (P + nR) instead of n(P + R) tokens.
+
+`pack_shared_prefixes` builds the packed inputs and, for each (row, response token), where in the packed batch
+the output that predicts it sits; a gather with those indices gives outputs in the padded `[B, R]` layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+@dataclass
+class PrefixPack:
+    input_ids: torch.Tensor  # [G, L] one packed sequence per prompt group, right-padded
+    position_ids: torch.Tensor  # [G, L] the positions the tokens had in their padded rows
+    allowed: torch.Tensor  # [G, 1, L, L] bool: query i may attend key j
+    rows: torch.Tensor  # [B, R] the packed sequence holding the output that predicts responses[b, t]
+    cols: torch.Tensor  # [B, R] its position there
+    valid: torch.Tensor  # [B, R] bool: t is within the response (up to and including eos)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the packed batch computes (padding included)."""
+        return self.input_ids.numel()
+
+    def attention_mask(self, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor:
+        """The 4D mask a Hugging Face model takes as given: bool for SDPA, additive for eager attention."""
+        if attn_implementation == "eager":
+            return torch.zeros(self.allowed.shape, dtype=dtype).masked_fill(~self.allowed, torch.finfo(dtype).min)
+        return self.allowed
+
+    def gather(self, per_position: torch.Tensor) -> torch.Tensor:
+        """[G, L, ...] outputs of the packed batch -> [B, R, ...] aligned with `responses` (0 past the response)."""
+        out = per_position[self.rows, self.cols]
+        valid = self.valid.view(*self.valid.shape, *([1] * (out.dim() - 2)))
+        return out * valid.to(out.dtype)
+
+
+def attention_weight_of(config) -> float:
+    """One query-key pair's cost (~4 flops per hidden unit per layer, scores and values) over one token's dense
+    cost (~2 flops per weight, ~12 hidden^2 weights per layer): ~1/(6 hidden)."""
+    return 1.0 / (6.0 * float(getattr(config, "hidden_size", 1024)))
+
+
+# Attention implementations that take an arbitrary 4D mask (flash-attention kernels take none).
+MASKABLE_ATTENTION = ("sdpa", "eager")
+
+
+def pack_shared_prefixes(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,
+    attention_weight: float = 0.0,
+) -> Optional[PrefixPack]:
+    """Pack rows `[B, P+R]` (prompt left-padded, response right-padded) by shared prompt; None when that would
+    not be cheaper: no two rows share a prompt, a row has no prompt, or the packed sequences' attention (each
+    sequence attends over its whole length, masked) outweighs the tokens saved.
+
+    attention_weight: the cost of one query-key pair relative to one token through the model's dense layers
+    (`attention_weight_of`); 0 counts tokens only."""
+    r = response_length
+    p = input_ids.shape[1] - r
+    ids, mask, pos = input_ids.cpu(), attention_mask.cpu().bool(), position_ids.cpu()
+    groups: dict = {}
+    for b in range(ids.shape[0]):
+        keep = mask[b, :p]
+        if not bool(keep.any()):
+            return None
+        key = (tuple(ids[b, :p][keep].tolist()), tuple(pos[b, :p][keep].tolist()))
+        groups.setdefault(key, []).append(b)
+    if len(groups) == ids.shape[0]:
+        return None
+
+    resp_len = mask[:, p:].sum(1).tolist()
+    rows = torch.zeros(ids.shape[0], r, dtype=torch.long)
+    cols = torch.zeros(ids.shape[0], r, dtype=torch.long)
+    seqs, poss, segs = [], [], []
+    for g, members in enumerate(groups.values()):
+        keep = mask[members[0], :p]
+        plen = int(keep.sum())
+        seq, where, seg = (
+            [ids[members[0], :p][keep]],
+            [pos[members[0], :p][keep]],
+            [torch.zeros(plen, dtype=torch.long)],
+        )
+        offset = plen
+        for j, b in enumerate(members):
+            # Response tokens 0..l-2 are inputs (token t is predicted from token t-1; the last predicts nothing).
+            k = max(int(resp_len[b]) - 1, 0)
+            seq.append(ids[b, p : p + k])
+            where.append(pos[b, p : p + k])
+            seg.append(torch.full((k,), j + 1, dtype=torch.long))
+            rows[b] = g
+            cols[b, 0] = plen - 1  # the first response token is predicted from the prompt's last one
+            cols[b, 1 : k + 1] = torch.arange(offset, offset + k)
+            offset += k
+        seqs.append(torch.cat(seq))
+        poss.append(torch.cat(where))
+        segs.append(torch.cat(seg))
+
+    length = max(len(s) for s in seqs)
+    padded_cost = ids.shape[0] * (p + r) * (1 + attention_weight * (p + r))
+    if len(seqs) * length * (1 + attention_weight * length) > 0.9 * padded_cost:
+        return None
+    packed = torch.stack([torch.nn.functional.pad(s, (0, length - len(s))) for s in seqs])
+    packed_pos = torch.stack([torch.nn.functional.pad(s, (0, length - len(s))) for s in poss])
+    seg = torch.stack([torch.nn.functional.pad(s, (0, length - len(s)), value=-1) for s in segs])
+    q, k = seg[:, :, None], seg[:, None, :]
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    allowed = causal & (k >= 0) & ((k == 0) | (k == q))
+    # A padding query sees itself only, so its softmax has a key (its output is never read).
+    allowed |= torch.eye(length, dtype=torch.bool) & (q < 0)
+    valid = torch.arange(r)[None, :] < torch.tensor(resp_len)[:, None]
+    device = input_ids.device
+    return PrefixPack(
+        input_ids=packed.to(device),
+        position_ids=packed_pos.to(device),
+        allowed=allowed[:, None].to(device),
+        rows=rows.to(device),
+        cols=cols.to(device),
+        valid=valid.to(device),
+    )

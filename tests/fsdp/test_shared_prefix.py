@@ -1,0 +1,120 @@
+"""Shared-prefix packing (model.shared_prefix): the samples of a prompt computed as one sequence give the padded
+batch's log-probs, entropy, values and training step; the packing itself against a hand-worked layout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.support.engines import gloo_world_one, llama_dir  # noqa: F401
+from verl.config.schema import OptimConfig
+from verl.engine import EngineConfig
+from verl.protocol import DataProto
+from verl.utils.shared_prefix import pack_shared_prefixes
+from verl_fsdp.engine import FSDPEngine
+
+P, R = 5, 4
+
+
+def grouped_batch(prompts: int = 3, n: int = 4, vocab: int = 40, seed: int = 0) -> DataProto:
+    """Rollout-shaped rows: each prompt n times in a row (left-padded to P, lengths 3..5), responses of lengths
+    1..R right-padded with 0 after their end, as the rollout returns them."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.zeros(prompts * n, P + R, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i in range(prompts):
+        plen = 3 + i % 3
+        prompt = torch.randint(3, vocab, (plen,), generator=g)
+        for j in range(n):
+            row = i * n + j
+            rlen = 1 + (row * 7) % R
+            ids[row, P - plen : P] = prompt
+            ids[row, P : P + rlen] = torch.randint(3, vocab, (rlen,), generator=g)
+            mask[row, P - plen : P + rlen] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return DataProto.from_dict(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": pos,
+            "responses": ids[:, P:],
+            "response_mask": mask[:, P:],
+            "old_log_probs": -2.0 * torch.ones(prompts * n, R),
+            "advantages": torch.randn(prompts * n, R, generator=g),
+        }
+    )
+
+
+def test_packing_layout_by_hand():
+    """Two rows of prompt [7, 8] (one left-padded), responses [5, 6, eos] and [9]: one sequence
+    [7, 8, 5, 6] (the last response token predicts nothing), each response seeing the prompt and itself."""
+    ids = torch.tensor([[0, 7, 8, 5, 6, 2], [0, 7, 8, 9, 0, 0]])
+    mask = torch.tensor([[0, 1, 1, 1, 1, 1], [0, 1, 1, 1, 0, 0]])
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    pack = pack_shared_prefixes(ids, mask, pos, response_length=3)
+    assert pack is not None
+    assert pack.input_ids.tolist() == [[7, 8, 5, 6]]
+    assert pack.position_ids.tolist() == [[0, 1, 2, 3]]
+    # responses[0] = 5, 6, 2 are predicted from packed positions 1 (prompt end), 2 (5), 3 (6); responses[1] = 9 from 1.
+    assert pack.cols.tolist() == [[1, 2, 3], [1, 0, 0]]
+    assert pack.valid.tolist() == [[True, True, True], [True, False, False]]
+    allowed = pack.allowed[0, 0].int().tolist()
+    assert allowed == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
+
+
+def test_no_packing_when_it_would_not_pay():
+    """Distinct prompts share nothing; rows that share only a first token (as SFT rows share BOS) would put
+    whole sequences into one long attention span: both stay padded."""
+    distinct = torch.tensor([[1, 3, 5, 6], [1, 4, 5, 6]])
+    ones = torch.ones_like(distinct)
+    assert pack_shared_prefixes(distinct, ones, ones.cumsum(-1) - 1, response_length=2) is None
+    long_rows = torch.randint(3, 40, (16, 64))
+    long_rows[:, 0] = 1
+    mask = torch.ones_like(long_rows)
+    assert pack_shared_prefixes(long_rows, mask, mask.cumsum(-1) - 1, 63, attention_weight=1 / 192) is None
+
+
+def _engines(path: str, **kw):
+    # eps=1: Adam's first step ~ lr * g, so comparing weights compares gradients (see test_fsdp_engine).
+    optim = OptimConfig(lr=1e-2, eps=1.0, weight_decay=0.0)
+    padded = FSDPEngine(EngineConfig(model_path=path, optim=optim, total_steps=10, shared_prefix=False, **kw))
+    shared = FSDPEngine(EngineConfig(model_path=path, optim=optim, total_steps=10, shared_prefix=True, **kw))
+    return padded, shared
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_shared_prefix_matches_padded_rows(gloo_world_one, llama_dir, fused):  # noqa: F811
+    batch = grouped_batch()
+    valid = batch.batch["response_mask"].bool()
+    pack = pack_shared_prefixes(batch.batch["input_ids"], batch.batch["attention_mask"], batch.batch["position_ids"], R)
+    assert pack is not None and pack.tokens < batch.batch["input_ids"].numel() / 2  # the test packs for real
+    padded, shared = _engines(llama_dir, use_fused_kernels=fused)
+    assert not padded.sharded  # world size 1, fp32: a plain module
+    a = padded.infer(batch, micro_batch_size=12, temperature=0.8, entropy=True)
+    b = shared.infer(batch, micro_batch_size=12, temperature=0.8, entropy=True)
+    for key in ("log_probs", "entropy"):
+        torch.testing.assert_close(b.batch[key][valid], a.batch[key][valid], rtol=0, atol=1e-5, msg=key)
+
+    def loss(out, mb):
+        m = mb.batch["response_mask"].to(out["log_probs"].dtype)
+        value = -((out["log_probs"] * mb.batch["advantages"] + 0.1 * out["entropy"]) * m).sum() / m.sum()
+        return value, {"loss": float(value.detach())}
+
+    # micro-batches of 6 split the second prompt's group: packing works within each micro-batch.
+    m_pad = padded.train_step(batch, loss, micro_batch_size=6, temperature=0.8, entropy=True)
+    m_sh = shared.train_step(batch, loss, micro_batch_size=6, temperature=0.8, entropy=True)
+    assert m_sh["loss"] == pytest.approx(m_pad["loss"], rel=1e-5)
+    assert m_sh["grad_norm"] == pytest.approx(m_pad["grad_norm"], rel=1e-5)
+    for (name, x), (_, y) in zip(padded.weights(), shared.weights()):
+        torch.testing.assert_close(y, x, rtol=0, atol=1e-6, msg=name)
+
+
+def test_shared_prefix_values_match_padded_rows(gloo_world_one, llama_dir):  # noqa: F811
+    batch = grouped_batch(seed=1)
+    valid = batch.batch["response_mask"].bool()
+    outs = []
+    for shared in (False, True):
+        torch.manual_seed(0)
+        engine = FSDPEngine(EngineConfig(model_path=llama_dir, kind="value", shared_prefix=shared))
+        outs.append(engine.infer(batch, micro_batch_size=12).batch["values"])
+    torch.testing.assert_close(outs[1][valid], outs[0][valid], rtol=0, atol=1e-5)
