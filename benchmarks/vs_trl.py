@@ -4,8 +4,9 @@ The setting a new user tries first: a small Llama checkpoint of their own (here 
 character tokenizer, SFT-warm-started as grpo_tiny does, saved as a Hugging Face folder), the arithmetic prompts
 in verl's parquet format (rendered to the same text for TRL), a reward in a module of their own
 (`arith_reward.score`), GRPO with 16 prompts x 8 samples, 4 new tokens, lr 5e-5, no KL, one epoch of one
-mini-batch per step (on-policy), fp32, constant LR. verl runs through its CLI (Ray, FSDP2 actor, hf rollout);
-TRL 1.16 in its own virtualenv (created on first use) with the same torch and transformers. Runs are
+mini-batch per step (on-policy), fp32, constant LR. verl runs through its CLI with its defaults (one device:
+in-process workers; FSDP engine, hf rollout); TRL 1.16 in its own virtualenv (created on first use) with the
+same torch and transformers. Runs are
 interleaved (seed by seed, thread setting by thread setting, the order alternating) so drift in the machine's
 speed hits both alike.
 
@@ -52,6 +53,17 @@ def trl_python(given: str | None) -> str:
         pins.append(f"transformers=={transformers.__version__}")
         subprocess.run([str(python), "-m", "pip", "install", "-q", *pins], check=True)
     return str(python)
+
+
+def compile_bytecode(python: str, *extra: Path) -> None:
+    """Write the bytecode of `python`'s site-packages (and `extra` folders), as pip does at install: without it
+    (PYTHONDONTWRITEBYTECODE set, or an environment exported without .pyc files) every start compiles torch and
+    transformers again, and time to first step measures the compiler."""
+    code = "import site, sys; print(*site.getsitepackages(), sep=chr(10))"
+    sites = subprocess.run([python, "-c", code], check=True, capture_output=True, text=True).stdout.split()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    cmd = [python, "-m", "compileall", "-q", "-j", "0", *sites, *map(str, extra)]
+    subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # a file that fails stays
 
 
 def prepare(work: Path) -> dict:
@@ -178,6 +190,8 @@ def main() -> None:
     sys.path.insert(0, str(HERE))
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     python = trl_python(args.trl_python)
+    compile_bytecode(sys.executable, *sorted((ROOT / "packages").glob("*/src")), HERE)
+    compile_bytecode(python, HERE)
     versions = subprocess.run(
         [
             python,
@@ -245,7 +259,8 @@ def report(args, results: dict, before: float, versions: list, load_before: floa
         "",
         "Tokens: prompt + completion tokens that are not padding, per second of step time (each framework's own",
         "count: verl's attention mask, TRL's num_input_tokens_seen). Time to first step: from starting the process",
-        "to the end of step 1 (imports, Ray and workers for verl; model and dataset loading for both).",
+        "to the end of step 1 (imports, model and dataset loading, worker start; both interpreters with their",
+        "bytecode compiled, as an install leaves them).",
     ]
     write_report(args.out, lines)
 

@@ -2,7 +2,8 @@
 # Installs the wheels `./pants package ::` built into fresh virtualenvs, as a user would, and checks that
 #   1. verl-core alone pulls in none of megatron-core, vllm, sglang, triton, and its `verl` command runs;
 #   2. core + fsdp + rollout (the common CPU set), named alone, install without Triton and train a tiny run;
-#   3. with all five wheels, every backend registers and every recipe validates outside the repository.
+#   3. with all five wheels, every backend registers and every recipe validates outside the repository;
+#   4. pip builds the same five wheels from packages/*/pyproject.toml, without Pants.
 # Usage: check_install.sh [DIST_DIR]. Extra pip arguments (an index, find-links) come from pip's own config.
 set -euo pipefail
 dist="$(cd "${1:-dist}" && pwd)"
@@ -32,13 +33,20 @@ PY
 grep -q "fsdp .*not installed (pip install verl-fsdp)" "$work/info-core.txt" || fail "verl info (core only) did not list fsdp as not installed"
 echo "check_install: verl-core alone: $("$work/core/bin/pip" list 2>/dev/null | tail -n +3 | wc -l) distributions, none of the heavy backend dependencies"
 
+# Without Pants: packages/*/pyproject.toml, built by pip (from a copy, so the checkout gets no build folders),
+# give wheels that declare what the Pants wheels declare.
+mkdir -p "$work/src" && cp -r "$here"/../packages/verl-* "$work/src/"
+"$work/core/bin/pip" wheel -q --no-deps "$work"/src/verl-* -w "$work/pip-dist" > "$work/pip.log" 2>&1 \
+    || { cat "$work/pip.log" >&2; fail "pip wheel packages/* (pyproject.toml) failed"; }
+"$work/core/bin/python" "$here/check_wheels.py" --same "$dist" "$work/pip-dist" || fail "pyproject.toml and BUILD disagree (above)"
+
 # The common CPU set, named as a user names it: core + fsdp + rollout (verl-kernels comes as fsdp's dependency,
 # without Triton, its optional extra); a tiny GRPO run trains with it from outside the repository, on a real
-# local Ray cluster.
+# local Ray cluster (trainer.controller=ray: a one-device run would otherwise keep its workers in-process).
 pip_install --find-links "$dist" verl-core verl-fsdp verl-rollout
 extra="$("$work/core/bin/pip" list 2>/dev/null | grep -iE "^(triton|megatron-core|vllm|sglang) " || true)"
 [ -z "$extra" ] || fail "core + fsdp + rollout pulled in: $extra"
-tiny=(trainer.total_steps=2 model.warm_start=null data.train_batch_size=4 actor.ppo_mini_batch_size=4 rollout.n=2
+tiny=(trainer.total_steps=2 trainer.controller=ray model.warm_start=null data.train_batch_size=4 actor.ppo_mini_batch_size=4 rollout.n=2
       actor.ppo_micro_batch_size_per_device=8
       trainer.val_every=0 data.val_files=[] "trainer.output_dir=$work/run" "tracking.loggers=[console]")
 (cd "$work" && "$work/core/bin/verl" train "$recipes/grpo_tiny.yaml" "${tiny[@]}" > "$work/train.log" 2>&1) \

@@ -107,6 +107,7 @@ def _run_lines(plan: Plan) -> List[str]:
         f"lengths: prompts <= {plan.prompt_length} tokens, responses <= {plan.response_length} tokens; "
         f"log-probs at temperature {plan.temperature:g}"
     ]
+    lines.append(f"controller: {plan.controller} ({plan.controller_why})")
     if plan.threads:
         lines.append(f"threads: {plan.threads} per worker process ({plan.threads_from})")
     trained = [r for r in ("actor", "critic") if plan.has(r) and plan.role(r).train is not None]

@@ -138,6 +138,8 @@ class Plan:
     old_log_probs_why: str = ""  # why they need a pass of their own (validate shows it)
     # Roles whose forward passes compute each prompt's samples as one sequence, the prompt once (model.shared_prefix)
     shared_prefix: Tuple[str, ...] = ()
+    controller: str = "ray"  # what runs the workers: trainer.controller, with auto resolved (_controller)
+    controller_why: str = ""
     threads: Optional[int] = None  # CPU: torch threads of each worker process (None on GPUs)
     threads_from: str = ""  # where that number comes from (validate shows it)
 
@@ -300,8 +302,22 @@ def draft_plan(cfg: Any, total_steps: Optional[int] = None) -> Draft:
         old_log_probs_why=why or "",
         shared_prefix=_shared_prefix_roles(cfg, layouts),
     )
+    plan = dataclasses.replace(plan, **_controller(cfg, plan))
     plan = dataclasses.replace(plan, **_threads(cfg, plan))
     return Draft(roles, role_pool, plan, tuple(problems + found + layout_problems))
+
+
+def _controller(cfg: DictConfig, plan: Plan) -> dict:
+    """trainer.controller: auto runs a one-device run's workers in this process (no Ray start-up, no copies of
+    each batch between processes), anything larger, or a run given a Ray cluster (RAY_ADDRESS), as Ray actors."""
+    given = value(cfg, "trainer.controller")
+    if given != "auto":
+        return {"controller": given, "controller_why": f"trainer.controller={given}"}
+    if os.environ.get("RAY_ADDRESS"):
+        return {"controller": "ray", "controller_why": "auto: RAY_ADDRESS names a Ray cluster"}
+    if plan.world_size == 1:
+        return {"controller": "local", "controller_why": "auto: one device, its workers in this process"}
+    return {"controller": "ray", "controller_why": f"auto: {plan.world_size} devices, a Ray actor each"}
 
 
 def _shared_prefix_roles(cfg: DictConfig, layouts) -> Tuple[str, ...]:

@@ -363,7 +363,9 @@ class TrainerConfig:
     val_before_train: bool = True
     log_every: int = at_least(1, 1)
     resume: str = "auto"  # auto | disable | <checkpoint dir>
-    controller: str = one_of("ray", "ray", "local")  # local: in-process workers, for debugging
+    # auto: in-process workers for a one-device run (no Ray start-up), Ray actors otherwise; ray; local (in-process,
+    # for debugging with breakpoint())
+    controller: str = one_of("auto", "auto", "ray", "local")
     plugins: List[str] = field(default_factory=list)  # modules imported first: custom registry entries
 
 

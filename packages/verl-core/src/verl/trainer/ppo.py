@@ -109,7 +109,7 @@ class PPOTrainer:
             load_plugins(config.trainer.plugins)  # user registrations before any name is looked up
         self.cfg = cfg = config
         self.started_ray = False
-        if cfg.trainer.controller == "ray":
+        if plan.controller == "ray":
             # A local cluster gets at least one CPU per placed device (a CPU run places worker processes).
             local = not os.environ.get("RAY_ADDRESS")
             self.started_ray = init_ray(num_cpus=max(os.cpu_count() or 1, plan.world_size) if local else None)

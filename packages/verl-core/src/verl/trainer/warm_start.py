@@ -40,7 +40,8 @@ def prepare_model(cfg: Any) -> str:
                 max_length=ws.max_length,
                 backend=cfg.actor.backend,
                 device=cfg.placement.device,
-                controller=cfg.trainer.controller,
+                # one device: in-process unless the run asked for Ray (then it is started already)
+                controller="ray" if cfg.trainer.controller == "ray" else "local",
                 seed=cfg.trainer.seed,
                 optim=OmegaConf.to_object(ws.optim),
             )

@@ -42,7 +42,7 @@ class Workers:
 
 def start_workers(cfg: Any, plan: Plan, *, model_path: str, tokenizer_path: Optional[str] = None) -> Workers:
     """The actor/rollout/ref group on the actor's pool and the critic's group on its own (or the same) pool."""
-    mode = cfg.trainer.controller
+    mode = plan.controller
     pools = pools_from_plan(plan)
     shared = plan.colocated("critic", "actor")
     fraction = 0.5 if shared else 1.0
