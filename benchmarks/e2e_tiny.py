@@ -1,10 +1,12 @@
-"""grpo_tiny end to end: verl (Ray controller, FSDP2 actor, colocated hf rollout) against a plain
-single-process PyTorch loop doing the same GRPO steps on the same model, in the same run.
+"""grpo_tiny end to end: verl (the recipe's defaults: one device, so in-process workers; FSDP engine, colocated
+hf rollout, shared-prefix packing) against a plain single-process PyTorch loop doing the same GRPO steps on the
+same model, in the same run.
 
 Both start from the recipe's warm-started model and see the same prompts (same sampler seed), generate
 rollout.n samples per prompt with transformers' generate, score them with the same reward function,
 compute old log-probs, GRPO advantages and the PPO-clip loss over the same mini-batches, and step AdamW.
-The plain loop has no Ray, no FSDP, no DataProto and no dispatch: the difference is verl's overhead (or gain).
+The plain loop has no FSDP, no DataProto, no dispatch and no packing (each sample its own padded row): the
+difference is verl's overhead, or its gain.
 
     python benchmarks/e2e_tiny.py [--steps 20] [--out benchmarks/results/e2e_tiny.md]
 

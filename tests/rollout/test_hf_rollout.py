@@ -60,6 +60,21 @@ def test_generate_layout_and_log_probs_match_the_actor(gloo_world_one, llama_dir
     assert diff < 1e-5, diff
 
 
+def test_shared_prefill_samples_as_repeated_prompts_do(gloo_world_one, llama_dir):  # noqa: F811
+    """n > 1 prefills each prompt once and repeats its KV cache: the same draws give the same tokens and
+    log-probs as n copies of the prompt prefilled one by one (n=1 prefills every row)."""
+    rollout = _rollout(llama_dir, temperature=1.0)
+    torch.manual_seed(3)
+    shared = rollout.generate(_prompts(), n=3).batch
+    torch.manual_seed(3)
+    repeated = rollout.generate(_prompts().repeat(3, interleave=True), n=1).batch
+    assert torch.equal(shared["responses"], repeated["responses"])
+    mask = shared["response_mask"].bool()
+    torch.testing.assert_close(
+        shared["rollout_log_probs"][mask], repeated["rollout_log_probs"][mask], rtol=0, atol=1e-5
+    )
+
+
 def test_greedy_is_deterministic_and_sampling_varies(gloo_world_one, llama_dir):  # noqa: F811
     rollout = _rollout(llama_dir, temperature=1.0)
     g1 = rollout.generate(_prompts(), n=1, temperature=0).batch["responses"]

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from ray.cluster_utils import Cluster
 
 from verl.controller import Dispatch, ResourcePool, Worker, ray_group, register
-from verl.controller.worker_group import rendezvous_address
+from verl.controller.ray_executor import rendezvous_address
 
 pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
 

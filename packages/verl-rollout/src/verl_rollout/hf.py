@@ -81,6 +81,8 @@ class HFRollout:
                 "the rollout's weights were released (sleep, while the actor trained); sync the actor's weights "
                 "into it (update_weights) before generating"
             )
+        unique_ids = prompts.batch["input_ids"].to(self.device)
+        unique_mask = prompts.batch["attention_mask"].to(self.device)
         if n > 1:
             prompts = prompts.repeat(n, interleave=True)
         ids = prompts.batch["input_ids"].to(self.device)
@@ -90,8 +92,14 @@ class HFRollout:
         was_training = self.module.training
         self.module.eval()
         with self.gather():
+            # n samples of a prompt share its prefill: the KV cache of all but its last token is computed once
+            # and repeated n times; generate then starts from the last prompt token.
+            cache = self._prefill(unique_ids[:, :-1], unique_mask[:, :-1], n) if n > 1 and p > 1 else None
             out = self.module.generate(
-                input_ids=ids, attention_mask=mask, generation_config=self._generation_config(temperature)
+                input_ids=ids,
+                attention_mask=mask,
+                generation_config=self._generation_config(temperature),
+                **({"cache": cache} if cache is not None else {}),
             )
         self.module.train(was_training)
 
@@ -106,6 +114,17 @@ class HFRollout:
         log_probs = torch.nn.functional.pad(log_probs.cpu(), (0, pad), value=0.0)
         lengths = torch.full((len(responses),), generated)
         return assemble_rollout(prompts, responses, log_probs, lengths, eos_ids=self.eos_ids)
+
+    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, n: int) -> Any:
+        """The KV cache of `ids` (positions as generate gives them: from the first real token), each row's
+        repeated n times in place."""
+        position_ids = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        out = self.module(
+            input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True, logits_to_keep=1
+        )
+        cache = out.cache if hasattr(out, "cache") else out.past_key_values
+        cache.batch_repeat_interleave(n)
+        return cache
 
     def update_weights(self, weights: Weights) -> int:
         """Copy new weights into this engine's own module; a shared module already has them (0 bytes).

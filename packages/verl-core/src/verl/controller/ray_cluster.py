@@ -9,8 +9,6 @@ import subprocess
 import sys
 from typing import Any
 
-import ray
-
 from verl.controller import reaper
 
 # The process that cleans up after the local cluster init_ray started.
@@ -36,6 +34,8 @@ def init_ray(
       RAY_AUTH_TOKEN are set, which are respected), and its processes end with this one, even when it is killed.
     The dashboard is off (it costs memory and startup time).
     """
+    import ray  # here, not at import: a run without Ray never pays for importing it
+
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS") or None
@@ -65,7 +65,8 @@ def init_ray(
 
 def shutdown_ray() -> None:
     """Disconnect from Ray (stopping the cluster if this process started it); a no-op when Ray is not running."""
-    if ray.is_initialized():
+    ray = sys.modules.get("ray")  # never imported: never started
+    if ray is not None and ray.is_initialized():
         ray.shutdown()
     _end_local()
 

@@ -23,10 +23,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import ray
-from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
-
 if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
+
     from verl.config.plan import Plan
 
 DEVICES = ("cpu", "cuda")
@@ -99,6 +98,8 @@ class ResourcePool:
     def slots(self, timeout_s: float = 600.0) -> list[Slot]:
         """One slot per rank, in rank order; reserves the placement groups on first use (waits up to timeout_s)."""
         if self._slots is None:
+            import ray  # here, not at import: a run without Ray never pays for importing it
+
             if not ray.is_initialized():  # else Ray would start a default cluster on its own
                 raise RuntimeError(
                     f"ResourcePool '{self.name}': Ray is not running; call verl.controller.init_ray() first "
@@ -110,10 +111,15 @@ class ResourcePool:
     def remove(self) -> None:
         """Release the reservation (worker groups on this pool should be shut down first)."""
         for pg in dict.fromkeys(slot.placement_group for slot in self._slots or []):  # each node's group once
+            from ray.util.placement_group import remove_placement_group
+
             remove_placement_group(pg)
         self._slots = None
 
     def _reserve(self, timeout_s: float) -> list[PlacementGroup]:
+        import ray
+        from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+
         # Unnamed: Ray requires placement group names to be unique, and two runs may use the same pool name.
         groups = [placement_group([self.bundle()] * size, strategy="STRICT_PACK") for size in self.node_sizes]
         _, pending = ray.wait([pg.ready() for pg in groups], num_returns=len(groups), timeout=timeout_s)
@@ -145,6 +151,8 @@ def _slots_of(groups: list[PlacementGroup]) -> list[Slot]:
 
 def _wait_for_table(pg: PlacementGroup, timeout_s: float = 10.0) -> dict:
     """The placement group's table once every bundle has a node (the table can lag `ready()` briefly)."""
+    from ray.util.placement_group import placement_group_table
+
     deadline = time.monotonic() + timeout_s
     while True:
         table = placement_group_table(pg)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from verl.data.prompt_cache import cached_prompts
 from verl.data.rows import MESSAGES_FORMAT, check_messages, read_columns, render_prompts, warn_dropped
 from verl.embedded.arithmetic import resolve_data_files
 from verl.protocol import DataProto
@@ -45,6 +46,7 @@ class RLDataset:
         if max_prompt_length < 1:
             raise ValueError(f"max_prompt_length must be >= 1, got {max_prompt_length}")
         self.max_prompt_length = max_prompt_length
+        self.cache_dir = cache_dir
         self.files = resolve_data_files(files, cache_dir)
         if not self.files:
             raise ValueError("RLDataset needs at least one data file; got an empty list")
@@ -62,8 +64,12 @@ class RLDataset:
         columns = read_columns(path, required, optional=("extra_info",))
         n_rows = len(columns[prompt_key])
         conversations = [check_messages(v, path, i, prompt_key) for i, v in enumerate(columns[prompt_key])]
-        texts = render_prompts(tokenizer, conversations)
-        ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+
+        def tokenise() -> tuple[list[str], list[list[int]]]:
+            texts = render_prompts(tokenizer, conversations)
+            return texts, (tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
+
+        texts, ids = cached_prompts(path, tokenizer, prompt_key, tokenise, self.cache_dir)
         extra_infos = columns.get("extra_info") or [None] * n_rows
         n_dropped = 0
         for i in range(n_rows):
