@@ -199,8 +199,11 @@ def main() -> None:
         f"| reward/score/mean | {v['reward/score/mean']:.3f} | {p['reward/score/mean']:.3f} | |",
         *[f"| {k} (per step) | {v[k]:,.0f} | - | |" for k in CALLS if k in v],
         "",
-        "verl's stage times are measured on the driver around each worker call (Ray round trip and DataProto",
-        "transfer included); the plain loop times the same work inline.",
+        "verl's stage times are measured on the driver around each worker call (dispatch and the copies of its",
+        "arguments included: in-process workers here, the recipe's default for one device; a Ray round trip",
+        "with trainer.controller=ray); the plain loop times the same work inline. verl computes each prompt's",
+        "samples as one sequence in the update and log-prob passes and prefills each prompt once in generation",
+        "(model.shared_prefix); the plain loop runs every sample as its own padded row.",
     ]
     write_report(args.out, lines)
 
