@@ -62,12 +62,27 @@ def test_packing_layout_by_hand():
     assert allowed == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
 
 
+def test_distinct_prompts_share_packed_rows_without_padding():
+    """Rows of different prompts are never visible to each other; short ones share a packed row no longer
+    than a padded one. Row 0: prompt [3, 4], response [5, eos]; row 1: prompt [6, 10], response [7, 8, eos]."""
+    ids = torch.tensor([[0, 0, 3, 4, 5, 2, 0], [0, 0, 6, 10, 7, 8, 2]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1, 1]])
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    pack = pack_shared_prefixes(ids, mask, pos, response_length=3)
+    assert pack is not None
+    # Longest first: row 1's [6, 10, 7, 8], then row 0's [3, 4, 5]: one packed row of 7 = P + R tokens.
+    assert pack.input_ids.tolist() == [[6, 10, 7, 8, 3, 4, 5]]
+    assert pack.position_ids.tolist() == [[0, 1, 2, 3, 0, 1, 2]]
+    assert pack.rows.tolist() == [[0, 0, 0], [0, 0, 0]]
+    assert pack.cols.tolist() == [[5, 6, 0], [1, 2, 3]]
+    allowed = pack.allowed[0, 0].int()
+    assert allowed[4:, :4].sum() == 0 and allowed[:4, 4:].sum() == 0  # the two rows never see each other
+    assert allowed[4:, 4:].tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+
+
 def test_no_packing_when_it_would_not_pay():
-    """Distinct prompts share nothing; rows that share only a first token (as SFT rows share BOS) would put
-    whole sequences into one long attention span: both stay padded."""
-    distinct = torch.tensor([[1, 3, 5, 6], [1, 4, 5, 6]])
-    ones = torch.ones_like(distinct)
-    assert pack_shared_prefixes(distinct, ones, ones.cumsum(-1) - 1, response_length=2) is None
+    """Rows that share only a first token (as SFT rows share BOS) would put whole sequences into one long
+    attention span: they stay padded."""
     long_rows = torch.randint(3, 40, (16, 64))
     long_rows[:, 0] = 1
     mask = torch.ones_like(long_rows)
@@ -82,12 +97,13 @@ def _engines(path: str, **kw):
     return padded, shared
 
 
-@pytest.mark.parametrize("fused", [False, True])
-def test_shared_prefix_matches_padded_rows(gloo_world_one, llama_dir, fused):  # noqa: F811
-    batch = grouped_batch()
+@pytest.mark.parametrize("fused, n", [(False, 4), (True, 4), (False, 1)])
+def test_shared_prefix_matches_padded_rows(gloo_world_one, llama_dir, fused, n):  # noqa: F811
+    """n=4: groups of a prompt; n=1: distinct prompts, only padding dropped and short rows packed together."""
+    batch = grouped_batch(prompts=12 // n, n=n)
     valid = batch.batch["response_mask"].bool()
     pack = pack_shared_prefixes(batch.batch["input_ids"], batch.batch["attention_mask"], batch.batch["position_ids"], R)
-    assert pack is not None and pack.tokens < batch.batch["input_ids"].numel() / 2  # the test packs for real
+    assert pack is not None and pack.tokens < batch.batch["input_ids"].numel() * (0.5 if n > 1 else 0.8)
     padded, shared = _engines(llama_dir, use_fused_kernels=fused)
     assert not padded.sharded  # world size 1, fp32: a plain module
     a = padded.infer(batch, micro_batch_size=12, temperature=0.8, entropy=True)

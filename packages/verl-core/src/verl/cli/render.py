@@ -95,8 +95,8 @@ def _batch_lines(plan: Plan) -> List[str]:
         )
     if plan.shared_prefix:
         lines.append(
-            f"shared prefix: {', '.join(plan.shared_prefix)} compute the samples of a prompt as one sequence, the "
-            "prompt once (model.shared_prefix=false for padded rows)"
+            f"packed rows: {', '.join(plan.shared_prefix)} compute the samples of a prompt as one sequence, the "
+            "prompt once, without padding (model.shared_prefix=false for padded rows)"
         )
     return lines
 

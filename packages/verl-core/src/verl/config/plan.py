@@ -136,7 +136,8 @@ class Plan:
     # update's own forward, detached: equal to the old policy's when the update is on-policy)
     old_log_probs: str = "recompute"
     old_log_probs_why: str = ""  # why they need a pass of their own (validate shows it)
-    # Roles whose forward passes compute each prompt's samples as one sequence, the prompt once (model.shared_prefix)
+    # Roles whose forward passes pack their rows: each prompt's samples as one sequence, the prompt once, and no
+    # padding (model.shared_prefix)
     shared_prefix: Tuple[str, ...] = ()
     controller: str = "ray"  # what runs the workers: trainer.controller, with auto resolved (_controller)
     controller_why: str = ""
@@ -321,8 +322,8 @@ def _controller(cfg: DictConfig, plan: Plan) -> dict:
 
 
 def _shared_prefix_roles(cfg: DictConfig, layouts) -> Tuple[str, ...]:
-    """The FSDP roles that pack a prompt's samples (the megatron engine computes padded rows)."""
-    if not value(cfg, "model.shared_prefix") or (value(cfg, "rollout.n") or 1) < 2:
+    """The FSDP roles that pack their rows (the megatron engine computes padded rows)."""
+    if not value(cfg, "model.shared_prefix"):
         return ()
     return tuple(lay.role for lay in layouts if lay.role in ("actor", "ref", "critic") and lay.backend == "fsdp")
 

@@ -148,8 +148,9 @@ class ModelConfig:
     tokenizer_path: Optional[str] = None  # None: the tokenizer saved with the model (model.path)
     dtype: str = one_of("bfloat16", "bfloat16", "float16", "float32")  # on GPU; CPU runs compute in float32
     gradient_checkpointing: bool = False
-    # FSDP roles compute the samples of one prompt as one sequence, the prompt once (same outputs, fewer tokens;
-    # an attention mask where the model's attention takes one: sdpa or eager)
+    # FSDP roles compute the samples of one prompt as one sequence, the prompt once, and pack those sequences
+    # without padding (same outputs, fewer tokens; a 4D attention mask, where the model's attention takes one:
+    # sdpa or eager)
     shared_prefix: bool = True
     override_config: Dict[str, Any] = field(default_factory=dict)
     warm_start: Optional[WarmStartConfig] = None  # SFT before RL

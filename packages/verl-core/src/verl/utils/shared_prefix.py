@@ -1,11 +1,13 @@
-"""Shared-prefix packing: the samples of a prompt computed as one sequence, the prompt once.
+"""Shared-prefix packing: the samples of a prompt computed as one sequence, the prompt once, and no padding.
 
 GRPO-style batches hold n responses per prompt, and the padded layout (`verl.engine`) runs the prompt n times.
 Packed, each group of rows with the same prompt becomes one sequence `[prompt, response_1, ..., response_n]`
 with an attention mask under which the prompt is causal and each response sees the prompt and its own earlier
 tokens only, at the positions it had in its padded row. Every response token is then predicted from exactly
 the hidden states it was predicted from in its own row, so log-probs, values and gradients are those of the
-padded batch up to float summation order, for (P + nR) instead of n(P + R) tokens.
+padded batch up to float summation order, for (P + nR) instead of n(P + R) tokens. The sequences, without
+their padding, then share packed rows no longer than a padded row (or the longest sequence), each masked off
+from the others: short responses of a long-tail batch cost their own length, not the longest one's.
 
 `pack_shared_prefixes` builds the packed inputs and, for each (row, response token), where in the packed batch
 the output that predicts it sits; a gather with those indices gives outputs in the padded `[B, R]` layout.
@@ -63,9 +65,12 @@ def pack_shared_prefixes(
     response_length: int,
     attention_weight: float = 0.0,
 ) -> Optional[PrefixPack]:
-    """Pack rows `[B, P+R]` (prompt left-padded, response right-padded) by shared prompt; None when that would
-    not be cheaper: no two rows share a prompt, a row has no prompt, or the packed sequences' attention (each
-    sequence attends over its whole length, masked) outweighs the tokens saved.
+    """Pack rows `[B, P+R]` (prompt left-padded, response right-padded): the rows of one prompt into one
+    sequence, and those sequences, padding dropped, into packed rows of at most max(P+R, the longest sequence)
+    tokens (first fit, longest first), so a packed row never attends over more than a padded one.
+
+    None when that would not be cheaper: a row has no prompt, or the packed rows' cost (tokens, plus their
+    masked attention over the whole packed length) is not below 0.9x the padded batch's.
 
     attention_weight: the cost of one query-key pair relative to one token through the model's dense layers
     (`attention_weight_of`); 0 counts tokens only."""
@@ -79,48 +84,49 @@ def pack_shared_prefixes(
             return None
         key = (tuple(ids[b, :p][keep].tolist()), tuple(pos[b, :p][keep].tolist()))
         groups.setdefault(key, []).append(b)
-    if len(groups) == ids.shape[0]:
-        return None
 
     resp_len = mask[:, p:].sum(1).tolist()
+    items = [_group_sequence(ids, mask, pos, p, members, resp_len) for members in groups.values()]
+    width = max(p + r, max(len(it.tokens) for it in items))
+    bins: list = []  # [tokens used, item indices]
+    for i in sorted(range(len(items)), key=lambda i: -len(items[i].tokens)):
+        n = len(items[i].tokens)
+        room = next((bn for bn in bins if bn[0] + n <= width), None)
+        if room is None:
+            bins.append([n, [i]])
+        else:
+            room[0] += n
+            room[1].append(i)
+    length = max(bn[0] for bn in bins)
+    padded_cost = ids.shape[0] * (p + r) * (1 + attention_weight * (p + r))
+    if len(bins) * length * (1 + attention_weight * length) > 0.9 * padded_cost:
+        return None
+
     rows = torch.zeros(ids.shape[0], r, dtype=torch.long)
     cols = torch.zeros(ids.shape[0], r, dtype=torch.long)
-    seqs, poss, segs = [], [], []
-    for g, members in enumerate(groups.values()):
-        keep = mask[members[0], :p]
-        plen = int(keep.sum())
-        seq, where, seg = (
-            [ids[members[0], :p][keep]],
-            [pos[members[0], :p][keep]],
-            [torch.zeros(plen, dtype=torch.long)],
-        )
-        offset = plen
-        for j, b in enumerate(members):
-            # Response tokens 0..l-2 are inputs (token t is predicted from token t-1; the last predicts nothing).
-            k = max(int(resp_len[b]) - 1, 0)
-            seq.append(ids[b, p : p + k])
-            where.append(pos[b, p : p + k])
-            seg.append(torch.full((k,), j + 1, dtype=torch.long))
-            rows[b] = g
-            cols[b, 0] = plen - 1  # the first response token is predicted from the prompt's last one
-            cols[b, 1 : k + 1] = torch.arange(offset, offset + k)
-            offset += k
-        seqs.append(torch.cat(seq))
-        poss.append(torch.cat(where))
-        segs.append(torch.cat(seg))
-
-    length = max(len(s) for s in seqs)
-    padded_cost = ids.shape[0] * (p + r) * (1 + attention_weight * (p + r))
-    if len(seqs) * length * (1 + attention_weight * length) > 0.9 * padded_cost:
-        return None
-    packed = torch.stack([torch.nn.functional.pad(s, (0, length - len(s))) for s in seqs])
-    packed_pos = torch.stack([torch.nn.functional.pad(s, (0, length - len(s))) for s in poss])
-    seg = torch.stack([torch.nn.functional.pad(s, (0, length - len(s)), value=-1) for s in segs])
-    q, k = seg[:, :, None], seg[:, None, :]
+    packed = torch.zeros(len(bins), length, dtype=torch.long)
+    packed_pos = torch.zeros(len(bins), length, dtype=torch.long)
+    seg = torch.full((len(bins), length), -1, dtype=torch.long)  # which sequence piece a token belongs to
+    root = torch.full((len(bins), length), -1, dtype=torch.long)  # the prompt piece of its group
+    for row, (_, members) in enumerate(bins):
+        offset, base = 0, 0
+        for i in members:
+            it = items[i]
+            span = slice(offset, offset + len(it.tokens))
+            packed[row, span], packed_pos[row, span] = it.tokens, it.positions
+            seg[row, span], root[row, span] = it.pieces + base, base
+            for b, start, k in it.members:
+                rows[b] = row
+                cols[b, 0] = offset + it.prompt_length - 1  # the first response token: from the prompt's last
+                cols[b, 1 : k + 1] = torch.arange(offset + start, offset + start + k)
+            offset += len(it.tokens)
+            base += int(it.pieces.max()) + 1
+    q_seg, q_root, k_seg = seg[:, :, None], root[:, :, None], seg[:, None, :]
     causal = torch.ones(length, length, dtype=torch.bool).tril()
-    allowed = causal & (k >= 0) & ((k == 0) | (k == q))
+    # A token sees the earlier tokens of its own piece and of its group's prompt, nothing of other groups.
+    allowed = causal & (k_seg >= 0) & ((k_seg == q_seg) | (k_seg == q_root))
     # A padding query sees itself only, so its softmax has a key (its output is never read).
-    allowed |= torch.eye(length, dtype=torch.bool) & (q < 0)
+    allowed |= torch.eye(length, dtype=torch.bool) & (q_seg < 0)
     valid = torch.arange(r)[None, :] < torch.tensor(resp_len)[:, None]
     device = input_ids.device
     return PrefixPack(
@@ -131,3 +137,34 @@ def pack_shared_prefixes(
         cols=cols.to(device),
         valid=valid.to(device),
     )
+
+
+@dataclass
+class _Sequence:
+    """One group as a sequence: its prompt once, then each member's response inputs."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    pieces: torch.Tensor  # 0 on the prompt, j + 1 on member j's response
+    prompt_length: int
+    members: list  # (row, start of its response inputs in the sequence, their count)
+
+
+def _group_sequence(ids, mask, pos, p: int, members: list, resp_len: list) -> _Sequence:
+    keep = mask[members[0], :p]
+    plen = int(keep.sum())
+    tokens, where, pieces = (
+        [ids[members[0], :p][keep]],
+        [pos[members[0], :p][keep]],
+        [torch.zeros(plen, dtype=torch.long)],
+    )
+    placed, offset = [], plen
+    for j, b in enumerate(members):
+        # Response tokens 0..l-2 are inputs (token t is predicted from token t-1; the last predicts nothing).
+        k = max(int(resp_len[b]) - 1, 0)
+        tokens.append(ids[b, p : p + k])
+        where.append(pos[b, p : p + k])
+        pieces.append(torch.full((k,), j + 1, dtype=torch.long))
+        placed.append((b, offset, k))
+        offset += k
+    return _Sequence(torch.cat(tokens), torch.cat(where), torch.cat(pieces), plen, placed)
