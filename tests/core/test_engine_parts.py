@@ -30,6 +30,24 @@ def test_accumulator_weights_each_micro_batch_by_its_rows():
     assert acc.totals == pytest.approx({"loss": 1.5})  # the whole batch's mean
 
 
+def test_a_token_weighted_loss_weighs_micro_batches_by_their_tokens():
+    """token-mean over micro-batches of 1 and 3 response tokens: shares 1/4 and 3/4, the whole batch's mean."""
+    batch = DataProto.from_dict(
+        {"x": torch.tensor([[1.0, 0.0], [2.0, 3.0]]), "response_mask": torch.tensor([[1, 0], [1, 1]])}
+    )
+
+    def loss_fn(outputs, mb):
+        m = mb.batch["response_mask"]
+        loss = (mb.batch["x"] * m).sum() / m.sum()
+        return loss, {"loss": float(loss)}
+
+    loss_fn.weight_by = "tokens"
+    acc = Accumulator.for_batch(batch, loss_fn)
+    weighted = [float(acc({}, mb)) for mb in batch.split(1)]
+    assert weighted == pytest.approx([1.0 * 1 / 3, 2.5 * 2 / 3])
+    assert sum(weighted) == pytest.approx((1 + 2 + 3) / 3) and acc.totals["loss"] == pytest.approx(2.0)
+
+
 def test_a_non_finite_norm_skips_the_update_but_not_the_schedule():
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=1.0)

@@ -165,6 +165,33 @@ def test_micro_batching_does_not_change_the_step(backend, world, llama):
         torch.testing.assert_close(w, w2[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_micro_batches_of_unequal_lengths_take_the_whole_batchs_step(backend, world, llama, mode):
+    """The actor's loss in each aggregation mode, over responses of 1..R tokens split into micro-batches of
+    unequal token counts (4 rows, then 2), takes the step of one forward over the whole batch."""
+    from verl.config.schema import ActorConfig
+    from verl.workers.losses import actor_loss_fn
+
+    batch = random_batch(6, P, R, seed=2)
+    b = batch.batch
+    for row, length in enumerate([1, 5, 2, 5, 3, 4]):
+        b["response_mask"][row, length:] = 0
+        b["attention_mask"][row, P + length :] = 0
+        b["input_ids"][row, P + length :] = 0
+        b["responses"][row, length:] = 0
+    b["advantages"] = torch.randn(6, R, generator=torch.Generator().manual_seed(3))
+    loss = actor_loss_fn(ActorConfig(ppo_mini_batch_size=1, loss_agg_mode=mode))
+    optim = OptimConfig(lr=LR, eps=1.0, weight_decay=0.0)  # eps=1: weights compare gradients (see above)
+    whole, micro = make(backend, llama, optim=optim), make(backend, llama, optim=optim)
+    m1 = whole.train_step(batch, loss, micro_batch_size=6)
+    m2 = micro.train_step(batch, loss, micro_batch_size=4)
+    assert m1["pg_loss"] == pytest.approx(m2["pg_loss"], rel=1e-5, abs=1e-7)
+    assert m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
+    w2 = weights(micro)
+    for name, w in whole.weights():
+        torch.testing.assert_close(w, w2[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
 def test_a_non_finite_gradient_skips_the_step(backend, world, llama):
     batch = random_batch(4, P, R, seed=5)
     engine = make(backend, llama)

@@ -1,7 +1,7 @@
 """The FSDP actor across 2 Ray workers (world size 2, gloo) takes the same step as world size 1 (a plain module).
 
 Same batch, same starting weights: the loss and every updated parameter agree within float32 reduction-order
-noise (atol 1e-6 on weights of size ~0.02-1).
+noise (atol 1e-6 on weights of size ~0.02-1), also with unequal token counts on the two ranks (token-mean).
 """
 
 from __future__ import annotations
@@ -27,8 +27,14 @@ def _batch(vocab: int) -> DataProto:
     """Rows in pairs with the same prompt, as rollout.n=2 gives them, so both worlds pack shared prefixes (and
     world 2's FSDP units carry the packed forward and the head applied outside it)."""
     batch = policy_batch(ROWS, P, R, vocab, old_log_prob=-2.0)
+    b = batch.batch
     for key in ("input_ids", "attention_mask", "position_ids"):
-        batch.batch[key][1::2, :P] = batch.batch[key][0::2, :P]
+        b[key][1::2, :P] = b[key][0::2, :P]
+    # Rank 1's responses are shorter (11 tokens against rank 0's 16): its token-mean weighs 11/27 of the batch's,
+    # which the engines' token count over both ranks gets right (a mean of the two ranks' means would not).
+    for row, length in zip(range(ROWS // 2, ROWS), (4, 3, 2, 2)):
+        b["response_mask"][row, length:] = 0
+        b["attention_mask"][row, P + length :] = 0
     return batch
 
 

@@ -4,7 +4,7 @@ its model state and its checkpoint format, and calls these around them.
 One optimizer step of an engine reads:
 
     require_optimizer(self.optimizer)
-    acc = Accumulator(len(batch), loss_fn)
+    acc = Accumulator.for_batch(batch, loss_fn)
     for mb in micro_batches: backward(acc(outputs_of(mb), mb))     # the backend's loop (or pipeline schedule)
     step = optimizer_step(self.state, self.optimizer, self.cfg, grad_norm=..., update=...)
     return {**acc.totals, **step}
@@ -35,20 +35,43 @@ def require_optimizer(optimizer: Optional[object]) -> None:
 
 @dataclass
 class Accumulator:
-    """Runs the caller's loss on each micro-batch and weights it by the micro-batch's share of the rows, so that
-    gradients summed over micro-batches are the gradient of the whole batch; metrics are averaged the same way.
+    """Runs the caller's loss on each micro-batch and weights it by the micro-batch's share of the batch, so that
+    gradients summed over micro-batches are the gradient of the whole batch however its rows are split; metrics
+    are averaged the same way. The share is of the rows, or, for a loss that averages over tokens (its loss_fn
+    has `weight_by = "tokens"`: token-mean aggregation), of the response tokens: a micro-batch of long responses
+    weighs what its tokens weigh in the whole batch's token mean. `tokens` counts them over the whole batch (over
+    every data-parallel rank, per rank: the backends average gradients over ranks), as `for_batch` sets it.
 
     Tensor metrics stay on their device until `totals` reads them all back in one transfer: a float() per
     metric per micro-batch would stall the device that many times."""
 
     rows: int  # rows of the whole batch
     loss_fn: LossFn
+    tokens: Optional[float] = None  # response tokens per data-parallel rank; None: weigh by rows
     sums: Dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def for_batch(cls, batch: DataProto, loss_fn: LossFn, group: Any = None) -> "Accumulator":
+        """The accumulator of `batch` (this rank's rows); a token-weighted loss counts the tokens of every rank
+        of the data-parallel `group` (None: the default group when torch.distributed runs, else this rank)."""
+        if getattr(loss_fn, "weight_by", "rows") != "tokens":
+            return cls(len(batch), loss_fn)
+        tokens = batch.batch["response_mask"].sum().double().reshape(1)
+        ranks = dist.get_world_size(group) if dist.is_initialized() else 1
+        if ranks > 1:
+            dist.all_reduce(tokens, group=group)
+        return cls(len(batch), loss_fn, tokens=float(tokens) / ranks)
+
+    def share(self, mb: DataProto) -> float:
+        """This micro-batch's weight in the whole batch's loss."""
+        if self.tokens is None:
+            return len(mb) / self.rows
+        return float(mb.batch["response_mask"].sum()) / max(self.tokens, 1.0)
 
     def __call__(self, outputs: Dict[str, torch.Tensor], mb: DataProto) -> torch.Tensor:
         """The weighted loss of one micro-batch (what the backend differentiates)."""
         loss, metrics = self.loss_fn(outputs, mb)
-        share = len(mb) / self.rows
+        share = self.share(mb)
         for k, v in metrics.items():
             v = v.detach().float().reshape(()) if isinstance(v, torch.Tensor) else float(v)
             self.sums[k] = self.sums.get(k, 0.0) + v * share

@@ -163,7 +163,7 @@ class FSDPEngine:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         micro = batch.split(micro_batch_size)
-        acc = parts.Accumulator(len(batch), loss_fn)
+        acc = parts.Accumulator.for_batch(batch, loss_fn)  # every rank is a data-parallel replica
         for i, mb in enumerate(micro):
             if self.sharded:  # reduce-scatter gradients once, on the last micro-batch, not after every backward
                 self.model.set_requires_gradient_sync(i == len(micro) - 1)

@@ -314,7 +314,10 @@ class MegatronEngine:
             c.train()
             c.zero_grad_buffer()
         self.optimizer.zero_grad()
-        acc = parts.Accumulator(len(batch), loss_fn)
+        from megatron.core import parallel_state as mpu
+
+        # Tokens are counted over the data-parallel replicas (TP/PP/CP peers hold the same rows).
+        acc = parts.Accumulator.for_batch(batch, loss_fn, group=mpu.get_data_parallel_group())
         self._run(
             self._micro_batches(batch, micro_batch_size),
             forward_only=False,

@@ -61,6 +61,9 @@ def nll_loss(out: Dict[str, torch.Tensor], mb: DataProto):
     return loss, {"loss": float(loss.detach())}
 
 
+nll_loss.weight_by = "tokens"  # a token mean: micro-batches weigh their tokens (engine_parts.Accumulator)
+
+
 class SFTWorker(Worker):
     def __init__(self, cfg: SFTConfig):
         super().__init__()

@@ -55,7 +55,14 @@ def actor_loss_fn(actor_cfg) -> LossFn:
             metrics["kl_loss"] = _metric(kl)
         return loss, metrics
 
+    loss_fn.weight_by = weight_by(actor_cfg.loss_agg_mode)
     return loss_fn
+
+
+def weight_by(loss_agg_mode) -> str:
+    """How an engine weighs micro-batches for this aggregation (engine_parts.Accumulator): token-mean averages
+    over the batch's tokens, every other mode over its rows."""
+    return "tokens" if loss_agg_mode == "token-mean" else "rows"
 
 
 def critic_loss_fn(critic_cfg) -> LossFn:
@@ -73,4 +80,5 @@ def critic_loss_fn(critic_cfg) -> LossFn:
         )
         return loss, {"vf_loss": _metric(loss), **{k: _metric(v) for k, v in metrics.items()}}
 
+    loss_fn.weight_by = weight_by(critic_cfg.loss_agg_mode)
     return loss_fn
