@@ -79,6 +79,18 @@ CASES = [
     ("clamp_reversed", ["reward.clamp=[1,0]"], "reward.clamp", "low <= high"),
     ("zero_batch", ["data.train_batch_size=0"], "data.train_batch_size", ">= 1"),
     ("zero_prompt_length", ["data.max_prompt_length=0"], "data.max_prompt_length", ">= 1"),
+    (
+        "token_budget_below_a_row",
+        ["actor.ppo_max_tokens_per_device=10"],
+        "actor.ppo_max_tokens_per_device",
+        "at least 24",
+    ),
+    (
+        "token_budget_on_megatron",
+        ["actor.backend=megatron", "actor.log_prob_max_tokens_per_device=512"],
+        "actor.log_prob_max_tokens_per_device",
+        "fsdp engine feature",
+    ),
     ("unset_by_override", ["actor.optim.lr=???"], "actor.optim.lr", "sets no value"),
     # text of the recipe and overrides
     ("key_in_the_wrong_section", ["trainer.save_every=5"], "trainer.save_every", "checkpoint.save_every"),

@@ -10,7 +10,7 @@ import torch
 from tests.support.engines import gloo_world_one  # noqa: F401
 from verl.config.schema import OptimConfig
 from verl.engine import EngineConfig
-from verl.engine_parts import Accumulator, TrainState, load_extra, optimizer_step, save_extra
+from verl.engine_parts import Accumulator, TrainState, load_extra, micro_batches, optimizer_step, save_extra
 from verl.protocol import DataProto
 
 
@@ -46,6 +46,17 @@ def test_a_token_weighted_loss_weighs_micro_batches_by_their_tokens():
     weighted = [float(acc({}, mb)) for mb in batch.split(1)]
     assert weighted == pytest.approx([1.0 * 1 / 3, 2.5 * 2 / 3])
     assert sum(weighted) == pytest.approx((1 + 2 + 3) / 3) and acc.totals["loss"] == pytest.approx(2.0)
+
+
+def test_token_budget_micro_batches_by_hand():
+    """Rows of 3, 5, 2, 4 and 9 tokens under a budget of 8: [3, 5], [2, 4], [9] (over the budget: alone)."""
+    mask = torch.zeros(5, 10, dtype=torch.long)
+    for row, n in enumerate([3, 5, 2, 4, 9]):
+        mask[row, :n] = 1
+    batch = DataProto.from_dict({"attention_mask": mask, "row": torch.arange(5)})
+    pieces = micro_batches(batch, micro_batch_size=2, max_tokens=8)
+    assert [p.batch["row"].tolist() for p in pieces] == [[0, 1], [2, 3], [4]]
+    assert [len(p) for p in micro_batches(batch, micro_batch_size=2)] == [2, 2, 1]  # no budget: by rows
 
 
 def test_a_non_finite_norm_skips_the_update_but_not_the_schedule():

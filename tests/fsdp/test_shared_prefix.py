@@ -134,3 +134,21 @@ def test_shared_prefix_values_match_padded_rows(gloo_world_one, llama_dir):  # n
         engine = FSDPEngine(EngineConfig(model_path=llama_dir, kind="value", shared_prefix=shared))
         outs.append(engine.infer(batch, micro_batch_size=12).batch["values"])
     torch.testing.assert_close(outs[1][valid], outs[0][valid], rtol=0, atol=1e-5)
+
+
+def test_token_budget_micro_batches_take_the_whole_batchs_step(gloo_world_one, llama_dir):  # noqa: F811
+    """actor.ppo_max_tokens_per_device: micro-batches cut by tokens (here ~3 rows each, of unequal token counts)
+    take the step of one forward over the batch, with token-mean weights."""
+    from verl.config.schema import ActorConfig
+    from verl.workers.losses import actor_loss_fn
+
+    batch = grouped_batch(prompts=6, n=2, seed=4)
+    loss = actor_loss_fn(ActorConfig(ppo_mini_batch_size=1, loss_agg_mode="token-mean"))
+    whole, budget = _engines(llama_dir)
+    m1 = whole.train_step(batch, loss, micro_batch_size=12)
+    m2 = budget.train_step(batch, loss, micro_batch_size=1, max_tokens=P + R + 8)
+    assert m1["pg_loss"] == pytest.approx(m2["pg_loss"], rel=1e-5, abs=1e-7)
+    for (name, x), (_, y) in zip(whole.weights(), budget.weights()):
+        torch.testing.assert_close(y, x, rtol=0, atol=1e-6, msg=name)
+    lp = budget.infer(batch, micro_batch_size=1, max_tokens=P + R).batch["log_probs"]
+    assert lp.shape == (12, R)

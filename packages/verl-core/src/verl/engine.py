@@ -91,7 +91,8 @@ class TrainEngine(Protocol):
     def infer(
         self, batch: DataProto, *, micro_batch_size: int, temperature: float = 1.0, entropy: bool = False
     ) -> DataProto:
-        """Per-token log_probs (and entropy) of `responses`, or per-token `values` for a value model."""
+        """Per-token log_probs (and entropy) of `responses`, or per-token `values` for a value model. An engine
+        that cuts micro-batches by tokens (fsdp) also takes `max_tokens`; the workers pass it only when set."""
 
     def train_step(
         self,
@@ -104,7 +105,8 @@ class TrainEngine(Protocol):
         entropy_grad: bool = True,
     ) -> Metrics:
         """One optimizer step over `batch` with gradient accumulation over micro-batches; returns the loss's metrics
-        (averaged by rows) with grad_norm, lr and, when a non-finite gradient skipped the update, skipped_steps=1.
+        (averaged as engine_parts.Accumulator weighs micro-batches) with grad_norm, lr and, when a non-finite
+        gradient skipped the update, skipped_steps=1. `max_tokens` as in `infer`.
         entropy: compute `entropy` for the loss; entropy_grad: whether its gradient is needed (fused kernels)."""
 
     def weights(self) -> Iterator[Tuple[str, torch.Tensor]]:

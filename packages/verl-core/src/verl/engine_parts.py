@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -26,6 +26,23 @@ from verl.engine import EngineConfig, LossFn, Metrics
 from verl.protocol import DataProto
 from verl.utils.lr_schedule import lr_multiplier
 from verl.utils.rng import get_rng_state, safe_load, set_rng_state
+
+
+def micro_batches(batch: DataProto, micro_batch_size: int, max_tokens: Optional[int] = None) -> List[DataProto]:
+    """`batch` cut into micro-batches: of `micro_batch_size` rows, or, with `max_tokens`, of consecutive rows
+    holding at most that many tokens (attention-mask ones; a row over the budget alone). Consecutive, so the
+    samples of a prompt stay together (shared-prefix packing) and outputs come back in order."""
+    if max_tokens is None:
+        return batch.split(micro_batch_size)
+    lengths = batch.batch["attention_mask"].sum(-1).tolist()
+    pieces, start, used = [], 0, 0
+    for i, n in enumerate(lengths):
+        if i > start and used + n > max_tokens:
+            pieces.append(batch[start:i])
+            start, used = i, 0
+        used += n
+    pieces.append(batch[start : len(lengths)])
+    return pieces
 
 
 def require_optimizer(optimizer: Optional[object]) -> None:

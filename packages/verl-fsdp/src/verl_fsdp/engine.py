@@ -147,22 +147,39 @@ class FSDPEngine:
         return hidden, head
 
     def infer(
-        self, batch: DataProto, *, micro_batch_size: int, temperature: float = 1.0, entropy: bool = False
+        self,
+        batch: DataProto,
+        *,
+        micro_batch_size: int,
+        temperature: float = 1.0,
+        entropy: bool = False,
+        max_tokens: Optional[int] = None,
     ) -> DataProto:
+        """verl.engine.TrainEngine.infer; `max_tokens` cuts micro-batches by tokens instead of rows."""
         self.model.eval()
         outs: List[Dict[str, torch.Tensor]] = []
         with torch.no_grad():
-            for mb in batch.split(micro_batch_size):
+            for mb in parts.micro_batches(batch, micro_batch_size, max_tokens):
                 outs.append({k: v.cpu() for k, v in self._forward(mb, temperature, entropy).items()})
         return DataProto.from_dict({k: torch.cat([o[k] for o in outs]) for k in outs[0]})
 
     # ---- training ------------------------------------------------------------------------------------
-    def train_step(self, batch: DataProto, loss_fn: LossFn, *, micro_batch_size: int, **forward: Any) -> Metrics:
-        """verl.engine.TrainEngine.train_step; `forward` (temperature, entropy, entropy_grad) goes to the forward."""
+    def train_step(
+        self,
+        batch: DataProto,
+        loss_fn: LossFn,
+        *,
+        micro_batch_size: int,
+        max_tokens: Optional[int] = None,
+        **forward: Any,
+    ) -> Metrics:
+        """verl.engine.TrainEngine.train_step; `max_tokens` cuts micro-batches by tokens instead of rows (the
+        Accumulator's weights keep the step the whole batch's); `forward` (temperature, entropy, entropy_grad)
+        goes to the forward."""
         parts.require_optimizer(self.optimizer)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        micro = batch.split(micro_batch_size)
+        micro = parts.micro_batches(batch, micro_batch_size, max_tokens)
         acc = parts.Accumulator.for_batch(batch, loss_fn)  # every rank is a data-parallel replica
         for i, mb in enumerate(micro):
             if self.sharded:  # reduce-scatter gradients once, on the last micro-batch, not after every backward

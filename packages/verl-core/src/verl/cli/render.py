@@ -65,11 +65,12 @@ def _batch_lines(plan: Plan) -> List[str]:
         )
     for t in batch.train:
         per_rank = _ratio(t.mini_samples, t.dp, t.per_rank)
-        micro = (
-            f"{_count(t.micro_batches, 'micro-batch')} of {t.micro}"
-            if t.micro_batches is not None
-            else f"micro-batches of {t.micro} (do not divide)"
-        )
+        if t.max_tokens:
+            micro = f"micro-batches of <= {t.max_tokens} tokens"
+        elif t.micro_batches is not None:
+            micro = f"{_count(t.micro_batches, 'micro-batch')} of {t.micro}"
+        else:
+            micro = f"micro-batches of {t.micro} (do not divide)"
         steps = (
             f"; {_count(t.mini_batches, 'mini-batch')} x {_count(t.epochs, 'epoch')}"
             f" = {_count(t.mini_batches * t.epochs, 'optimizer step')}/step"
@@ -83,7 +84,7 @@ def _batch_lines(plan: Plan) -> List[str]:
     if plan.log_prob_passes:
         passes = [
             f"{r.name} {_ratio(batch.samples, r.layout.dp, batch.per_rank(r.layout.dp))} per DP rank "
-            f"(micro-batches of {r.micro_batch})"
+            f"(micro-batches of {f'<= {r.max_tokens} tokens' if r.max_tokens else r.micro_batch})"
             for r in plan.log_prob_passes
         ]
         lines.append(f"log-prob passes over {batch.samples} samples: " + "; ".join(passes))
@@ -95,8 +96,8 @@ def _batch_lines(plan: Plan) -> List[str]:
         )
     if plan.shared_prefix:
         lines.append(
-            f"packed rows: {', '.join(plan.shared_prefix)} compute the samples of a prompt as one sequence, the "
-            "prompt once, without padding (model.shared_prefix=false for padded rows)"
+            f"packed rows ({', '.join(plan.shared_prefix)}): the samples of a prompt are one sequence, its prompt "
+            "computed once, and no padding (model.shared_prefix=false for padded rows)"
         )
     return lines
 

@@ -46,6 +46,7 @@ class TrainBatch:
     dp: Optional[int]  # None when the role's layout did not resolve (the prompt arithmetic still holds)
     micro: int  # samples per forward/backward on one device
     epochs: int
+    max_tokens: Optional[int] = None  # micro-batches cut by this many tokens instead of `micro` rows
 
     @property
     def mini_samples(self) -> int:
@@ -67,8 +68,8 @@ class TrainBatch:
 
     @property
     def micro_batches(self) -> Optional[int]:
-        """Gradient-accumulation steps per mini-batch on one rank; None when uneven."""
-        return _split(self.per_rank, self.micro)
+        """Gradient-accumulation steps per mini-batch on one rank; None when uneven (or cut by tokens)."""
+        return None if self.max_tokens else _split(self.per_rank, self.micro)
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,7 @@ class RolePlan:
     micro_batch: Optional[int]  # samples per forward pass on one device (log-probs, values); None: rollout
     train: Optional[TrainBatch] = None  # actor and critic: their optimizer mini-batches
     model_path: Optional[str] = None  # critic.model_path; None: the run's model (model.path, after warm start)
+    max_tokens: Optional[int] = None  # the log-prob / value pass cut by this many tokens instead of micro_batch rows
 
     @property
     def optimizer_steps_per_step(self) -> int:
@@ -241,6 +243,13 @@ MICRO_BATCH_KEYS = {
     "ref": "ref.log_prob_micro_batch_size_per_device",
     "critic": "critic.ppo_micro_batch_size_per_device",  # the critic's value pass
 }
+# Token budgets that cut micro-batches instead (None: the row counts above): the passes', and the updates'.
+PASS_TOKEN_KEYS = {
+    "actor": "actor.log_prob_max_tokens_per_device",
+    "ref": "ref.log_prob_max_tokens_per_device",
+    "critic": "critic.ppo_max_tokens_per_device",
+}
+TRAIN_TOKEN_KEYS = {"actor": "actor.ppo_max_tokens_per_device", "critic": "critic.ppo_max_tokens_per_device"}
 
 
 def _positive(cfg: DictConfig, key: str, default_key: Optional[str] = None) -> Optional[int]:
@@ -264,7 +273,8 @@ def batch_plan(cfg: DictConfig, roles: Sequence[str], layouts: Sequence[Layout])
         micro = _positive(cfg, f"{role}.ppo_micro_batch_size_per_device")
         epochs = _positive(cfg, f"{role}.ppo_epochs", "actor.ppo_epochs")
         if role in roles and None not in (mini, micro, epochs):
-            train.append(TrainBatch(role, prompts, mini, n, dps.get(role), micro, epochs))
+            tokens = _positive(cfg, TRAIN_TOKEN_KEYS[role])
+            train.append(TrainBatch(role, prompts, mini, n, dps.get(role), micro, epochs, tokens))
     return BatchPlan(prompts, n, dps.get("rollout"), tuple(train))
 
 
@@ -273,7 +283,8 @@ def _role_plan(cfg: DictConfig, layout: Layout, batch: Optional[BatchPlan]) -> R
     micro = value(cfg, MICRO_BATCH_KEYS[role]) if role in MICRO_BATCH_KEYS else None
     train = batch.train_of(role) if batch is not None else None
     model_path = value(cfg, "critic.model_path") if role == "critic" else None
-    return RolePlan(role, layout.backend, layout, micro, train, model_path)
+    tokens = _positive(cfg, PASS_TOKEN_KEYS[role]) if role in PASS_TOKEN_KEYS else None
+    return RolePlan(role, layout.backend, layout, micro, train, model_path, tokens)
 
 
 def draft_plan(cfg: Any, total_steps: Optional[int] = None) -> Draft:

@@ -30,7 +30,7 @@ from verl.config.algorithm_checks import (
 from verl.config.checks import Check, Context, error_at, not_one_of
 from verl.config.errors import ConfigProblem, errors
 from verl.config.placement import TRAIN_ROLES, as_config, ref_inherits_parallel, role_backend, role_parallel, value
-from verl.config.plan import Plan, TrainBatch, draft_plan
+from verl.config.plan import PASS_TOKEN_KEYS, TRAIN_TOKEN_KEYS, Plan, TrainBatch, draft_plan
 from verl.config.schema import VerlConfig, field_types, is_section, strip_optional
 
 
@@ -311,7 +311,7 @@ def _train_batch_problems(t: TrainBatch) -> List[ConfigProblem]:
                 f"make {mini_key} x rollout.n a multiple of {t.dp}, or change {role}.parallel",
             )
         )
-    elif t.micro_batches is None:
+    elif t.max_tokens is None and t.micro_batches is None:
         key = f"{role}.ppo_micro_batch_size_per_device"
         problems.append(
             error_at(
@@ -365,6 +365,40 @@ def check_log_prob_batches(ctx: Context) -> List[ConfigProblem]:
     ]
 
 
+def check_token_budgets(ctx: Context) -> List[ConfigProblem]:
+    """A token budget holds at least one whole row, and is honoured by the fsdp engine only."""
+    cfg, problems = ctx.cfg, []
+    row = (value(cfg, "data.max_prompt_length") or 0) + (
+        value(cfg, "rollout.max_new_tokens") or value(cfg, "data.max_response_length") or 0
+    )
+    roles = {r.name: r for r in ctx.draft.plan.role_plans}
+    keys = [(role, key) for role, key in PASS_TOKEN_KEYS.items()]
+    keys += [(role, key) for role, key in TRAIN_TOKEN_KEYS.items() if key not in PASS_TOKEN_KEYS.values()]
+    for role, key in keys:
+        budget = value(cfg, key)
+        if role not in roles or not isinstance(budget, int) or budget < 1:
+            continue
+        if roles[role].backend != "fsdp":
+            problems.append(
+                error_at(
+                    key,
+                    f"token-budget micro-batches are an fsdp engine feature; {role} runs on {roles[role].backend} "
+                    "(its pipeline schedule runs micro-batches of one fixed shape)",
+                    f"set {key}=null (micro-batches by rows), or {role}.backend=fsdp",
+                )
+            )
+        elif budget < row:
+            problems.append(
+                error_at(
+                    key,
+                    f"{budget} tokens hold no whole row: a row has up to {row} (data.max_prompt_length + the "
+                    "response length)",
+                    f"set {key} to at least {row}",
+                )
+            )
+    return problems
+
+
 def check_backends(ctx: Context) -> List[ConfigProblem]:
     from verl.backends import check_backend  # lazy: backends report their problems with verl.config's types
 
@@ -407,6 +441,7 @@ CHECKS: Sequence[Check] = (
     check_rollout_batch,
     check_train_batches,
     check_log_prob_batches,
+    check_token_budgets,
     check_group_size,
     check_values_have_a_critic,
     check_backends,

@@ -33,7 +33,8 @@ FREE = (
     "ref.param_offload",
     "rollout.gpu_memory_utilization",
 )
-FREE_SUFFIXES = ("micro_batch_size_per_device",)  # how a batch is cut for memory, not what it sums to
+# how a batch is cut for memory, not what it sums to
+FREE_SUFFIXES = ("micro_batch_size_per_device", "max_tokens_per_device")
 
 
 def _free(key: str) -> bool:

@@ -24,17 +24,28 @@ ROLES = ("actor", "rollout", "ref")
 
 
 def run_minibatches(
-    engine: Any, batch: DataProto, *, mini_rows: int, epochs: int, micro_rows: int, loss_fn, **kw
+    engine: Any, batch: DataProto, *, mini_rows: int, epochs: int, micro_rows: int, loss_fn, max_tokens=None, **kw
 ) -> Dict[str, float]:
-    """ppo_epochs passes over `batch` in mini-batches of `mini_rows`, one optimizer step each; mean metrics."""
+    """ppo_epochs passes over `batch` in mini-batches of `mini_rows`, one optimizer step each; mean metrics.
+    Micro-batches of `micro_rows`, or of `max_tokens` tokens when set (an fsdp engine's budget)."""
     sums: Dict[str, float] = {}
     steps = 0
+    if max_tokens is not None:
+        kw["max_tokens"] = max_tokens
     for _ in range(epochs):
         for mb in batch.split(mini_rows):
             for k, v in engine.train_step(mb, loss_fn, micro_batch_size=micro_rows, **kw).items():
                 sums[k] = sums.get(k, 0.0) + v
             steps += 1
     return {k: v / steps for k, v in sums.items()}
+
+
+def pass_sizes(role: Any) -> Dict[str, int]:
+    """How a role's log-prob / value pass cuts its micro-batches (a RolePlan): rows, or a token budget too."""
+    sizes = {"micro_batch_size": role.micro_batch}
+    if role.max_tokens is not None:
+        sizes["max_tokens"] = role.max_tokens
+    return sizes
 
 
 class ActorRolloutRefWorker(Worker):
@@ -108,7 +119,7 @@ class ActorRolloutRefWorker(Worker):
         for key, role in (("old_log_probs", "actor"), ("ref_log_probs", "ref")):
             engine = getattr(self, role)
             if engine is not None and plan.role(role) in plan.log_prob_passes:
-                infer = engine.infer(batch, micro_batch_size=plan.role(role).micro_batch, temperature=plan.temperature)
+                infer = engine.infer(batch, temperature=plan.temperature, **pass_sizes(plan.role(role)))
                 out[key] = infer.batch["log_probs"]
         return DataProto.from_dict(out)
 
@@ -126,6 +137,7 @@ class ActorRolloutRefWorker(Worker):
             mini_rows=actor.rows_per_rank,
             epochs=actor.train.epochs,
             micro_rows=actor.train.micro,
+            max_tokens=actor.train.max_tokens,
             loss_fn=actor_loss_fn(a),
             temperature=self.plan.temperature,
             entropy=entropy or bool(a.entropy_coeff),

@@ -7,7 +7,7 @@ from typing import Any, Dict
 from verl.config.plan import Plan
 from verl.controller import Dispatch, Worker, register
 from verl.protocol import DataProto
-from verl.workers.actor_rollout_ref import run_minibatches
+from verl.workers.actor_rollout_ref import pass_sizes, run_minibatches
 from verl.workers.engines import train_engine
 from verl.workers.losses import critic_loss_fn
 from verl.workers.setup import setup_worker
@@ -35,7 +35,7 @@ class CriticWorker(Worker):
 
     @register(Dispatch.DP_COMPUTE)
     def compute_values(self, batch: DataProto) -> DataProto:
-        out = self.engine.infer(batch, micro_batch_size=self.plan.role("critic").micro_batch)
+        out = self.engine.infer(batch, **pass_sizes(self.plan.role("critic")))
         return DataProto.from_dict({"values": out.batch["values"]})
 
     @register(Dispatch.DP_COMPUTE)
@@ -47,6 +47,7 @@ class CriticWorker(Worker):
             mini_rows=critic.rows_per_rank,
             epochs=critic.train.epochs,
             micro_rows=critic.train.micro,
+            max_tokens=critic.train.max_tokens,
             loss_fn=critic_loss_fn(self.cfg.critic),
         )
         return {f"critic/{k}": v for k, v in metrics.items()}
