@@ -2,8 +2,9 @@
 
 One instance per worker process; torch.distributed must be initialised (world size 1 included). At world size 1
 with nothing for FSDP to do (fp32 compute, no offload) the model stays a plain module: no shards, no hooks, the
-same results ~1.2x faster on CPU; checkpoints are the same DCP layout either way. The engine knows nothing of RL: it computes per-token outputs, runs a caller's loss over micro-batches, steps the
-optimizer, and moves weights and checkpoints in and out.
+same results ~1.2x faster on CPU; checkpoints are the same DCP layout either way. The engine knows nothing of
+RL: it computes per-token outputs (on packed rows, verl.utils.shared_prefix, where that pays), runs a caller's
+loss over micro-batches, steps the optimizer, and moves weights and checkpoints in and out.
 """
 
 from __future__ import annotations
