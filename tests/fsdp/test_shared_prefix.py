@@ -119,6 +119,10 @@ def test_shared_prefix_matches_padded_rows(gloo_world_one, llama_dir, fused, n):
     # micro-batches of 6 split the second prompt's group: packing works within each micro-batch.
     m_pad = padded.train_step(batch, loss, micro_batch_size=6, temperature=0.8, entropy=True)
     m_sh = shared.train_step(batch, loss, micro_batch_size=6, temperature=0.8, entropy=True)
+    real = int(batch.batch["attention_mask"].sum())
+    assert m_pad["micro_batches"] == m_sh["micro_batches"] == 2
+    assert m_pad["padding_fraction"] == m_sh["padding_fraction"] == pytest.approx(1 - real / (12 * (P + R)))
+    assert m_pad["computed_tokens_ratio"] == 1.0 and m_sh["computed_tokens_ratio"] < (0.5 if n > 1 else 0.8)
     assert m_sh["loss"] == pytest.approx(m_pad["loss"], rel=1e-5)
     assert m_sh["grad_norm"] == pytest.approx(m_pad["grad_norm"], rel=1e-5)
     for (name, x), (_, y) in zip(padded.weights(), shared.weights()):

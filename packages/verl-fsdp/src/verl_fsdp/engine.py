@@ -10,6 +10,7 @@ loss over micro-batches, steps the optimizer, and moves weights and checkpoints 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -35,6 +36,8 @@ from verl.utils.logprob import entropy_from_logits, logprobs_from_logits
 from verl.utils.shared_prefix import MASKABLE_ATTENTION, PrefixPack, attention_weight_of, pack_shared_prefixes
 from verl_fsdp.model import build_model
 from verl_fsdp.parallelize import apply_fsdp
+
+logger = logging.getLogger(__name__)
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -65,6 +68,13 @@ class FSDPEngine:
         self.model = model
         self.optimizer = None
         self.state = parts.TrainState()
+        self._tokens = [0, 0, 0]  # this step's tokens: real, in the padded layout, computed (packing's count)
+        if cfg.shared_prefix and model.config._attn_implementation not in MASKABLE_ATTENTION:
+            logger.warning(
+                "model.shared_prefix: %s attention takes no 4D mask, so this engine computes padded rows "
+                "(attn_implementation sdpa or eager packs them)",
+                model.config._attn_implementation,
+            )
         if cfg.optim is not None:
             self.optimizer = parts.adamw(model.parameters(), cfg.optim)
 
@@ -79,6 +89,10 @@ class FSDPEngine:
         r = b["responses"].shape[1]
         labels = b["responses"].to(self.device)
         pack = self._pack(b, r)
+        padded = b["input_ids"].numel()
+        self._tokens[0] += int(b["attention_mask"].sum())
+        self._tokens[1] += padded
+        self._tokens[2] += pack.tokens if pack is not None else padded
         if pack is not None:
             kwargs = dict(
                 input_ids=pack.input_ids,
@@ -182,6 +196,7 @@ class FSDPEngine:
         self.optimizer.zero_grad(set_to_none=True)
         micro = parts.micro_batches(batch, micro_batch_size, max_tokens)
         acc = parts.Accumulator.for_batch(batch, loss_fn)  # every rank is a data-parallel replica
+        self._tokens = [0, 0, 0]
         for i, mb in enumerate(micro):
             if self.sharded:  # reduce-scatter gradients once, on the last micro-batch, not after every backward
                 self.model.set_requires_gradient_sync(i == len(micro) - 1)
@@ -194,7 +209,13 @@ class FSDPEngine:
             update=lambda _: self.optimizer.step(),
         )
         self.optimizer.zero_grad(set_to_none=True)
-        return {**acc.totals, **step}
+        real, padded, computed = self._tokens
+        layout = {
+            "micro_batches": float(len(micro)),
+            "padding_fraction": 1.0 - real / max(padded, 1),  # of the padded rows
+            "computed_tokens_ratio": computed / max(padded, 1),  # what the model ran over, packed, vs padded
+        }
+        return {**acc.totals, **step, **layout}
 
     @contextlib.contextmanager
     def gathered(self) -> Iterator[torch.nn.Module]:
