@@ -94,7 +94,6 @@ def run_setting(model: str, setting: str, steps: int, budget: int) -> dict:
     from verl.config.schema import ActorConfig, OptimConfig
     from verl.controller.worker import free_port
     from verl.engine import EngineConfig
-    from verl.utils.shared_prefix import attention_weight_of, pack_shared_prefixes
     from verl.workers.losses import actor_loss_fn
     from verl_fsdp.engine import FSDPEngine
 
@@ -108,21 +107,8 @@ def run_setting(model: str, setting: str, steps: int, budget: int) -> dict:
     loss = actor_loss_fn(ActorConfig(ppo_mini_batch_size=1, loss_agg_mode="token-mean"))
     kw = dict(micro_batch_size=PROMPTS * N, max_tokens=budget) if packed else dict(micro_batch_size=4)
     b = batch.batch
-    r = b["responses"].shape[1]
-    if packed:
-        from verl.engine_parts import micro_batches
-
-        computed = 0
-        for mb in micro_batches(batch, PROMPTS * N, budget):
-            m = mb.batch
-            pack = pack_shared_prefixes(
-                m["input_ids"], m["attention_mask"], m["position_ids"], r, attention_weight_of(engine.model.config)
-            )
-            computed += pack.tokens if pack is not None else m["input_ids"].numel()
-    else:
-        computed = b["input_ids"].numel()
     base = rss_mb()
-    engine.train_step(batch, loss, **kw)  # warm-up (allocates the optimizer state)
+    metrics = engine.train_step(batch, loss, **kw)  # warm-up (allocates the optimizer state)
     times = []
     for _ in range(steps):
         start = time.perf_counter()
@@ -136,7 +122,7 @@ def run_setting(model: str, setting: str, steps: int, budget: int) -> dict:
         "s_per_step": s,
         "tokens_per_s": tokens / s,
         "real_tokens": tokens,
-        "computed_tokens": int(computed),
+        "computed_tokens": round(metrics["computed_tokens_ratio"] * b["input_ids"].numel()),  # the engine's count
         "peak_rss_above_model_mb": rss_mb() - base,
     }
 

@@ -60,6 +60,9 @@ def test_packing_layout_by_hand():
     assert pack.valid.tolist() == [[True, True, True], [True, False, False]]
     allowed = pack.allowed[0, 0].int().tolist()
     assert allowed == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
+    additive = pack.attention_mask("eager", torch.float32)  # eager attention adds the mask to its scores
+    assert additive.dtype == torch.float32 and additive.device == pack.allowed.device
+    assert torch.equal(additive == 0, pack.allowed) and additive.min() == torch.finfo(torch.float32).min
 
 
 def test_distinct_prompts_share_packed_rows_without_padding():

@@ -76,6 +76,8 @@ class Accumulator:
         tokens = batch.batch["response_mask"].sum().double().reshape(1)
         ranks = dist.get_world_size(group) if dist.is_initialized() else 1
         if ranks > 1:
+            if dist.get_backend(group) == "nccl":  # NCCL reduces device tensors only (the batch is on the host)
+                tokens = tokens.to(torch.device("cuda", torch.cuda.current_device()))
             dist.all_reduce(tokens, group=group)
         return cls(len(batch), loss_fn, tokens=float(tokens) / ranks)
 

@@ -23,10 +23,10 @@ import torch
 
 @dataclass
 class PrefixPack:
-    input_ids: torch.Tensor  # [G, L] one packed sequence per prompt group, right-padded
+    input_ids: torch.Tensor  # [G, L] packed rows: prompt groups' sequences side by side, right-padded
     position_ids: torch.Tensor  # [G, L] the positions the tokens had in their padded rows
     allowed: torch.Tensor  # [G, 1, L, L] bool: query i may attend key j
-    rows: torch.Tensor  # [B, R] the packed sequence holding the output that predicts responses[b, t]
+    rows: torch.Tensor  # [B, R] the packed row holding the output that predicts responses[b, t]
     cols: torch.Tensor  # [B, R] its position there
     valid: torch.Tensor  # [B, R] bool: t is within the response (up to and including eos)
 
@@ -38,7 +38,8 @@ class PrefixPack:
     def attention_mask(self, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor:
         """The 4D mask a Hugging Face model takes as given: bool for SDPA, additive for eager attention."""
         if attn_implementation == "eager":
-            return torch.zeros(self.allowed.shape, dtype=dtype).masked_fill(~self.allowed, torch.finfo(dtype).min)
+            zeros = torch.zeros(self.allowed.shape, dtype=dtype, device=self.allowed.device)
+            return zeros.masked_fill(~self.allowed, torch.finfo(dtype).min)
         return self.allowed
 
     def gather(self, per_position: torch.Tensor) -> torch.Tensor:
