@@ -91,6 +91,19 @@ CASES = [
         "actor.log_prob_max_tokens_per_device",
         "fsdp engine feature",
     ),
+    (
+        "lora_on_megatron",
+        ["actor.backend=megatron", "actor.lora.rank=8"],
+        "actor.lora.rank",
+        "fsdp engine feature",
+    ),
+    (
+        "lora_reference_on_its_own_layout",
+        ["actor.lora.rank=8", "actor.use_kl_loss=true", "ref.backend=megatron"],
+        "ref",
+        "adapters off",
+    ),
+    ("lora_init_unknown", ["actor.lora.init=pisa"], "actor.lora.init", "default"),
     ("unset_by_override", ["actor.optim.lr=???"], "actor.optim.lr", "sets no value"),
     # text of the recipe and overrides
     ("key_in_the_wrong_section", ["trainer.save_every=5"], "trainer.save_every", "checkpoint.save_every"),

@@ -176,3 +176,28 @@ def test_entropy_at_an_interval_and_a_finished_run_is_said_and_kept(tmp_path, ca
     with pytest.raises(ConfigError) as e:
         PPOTrainer(tiny_config("grpo_tiny", str(tmp_path), *common, "actor.optim.lr=3e-4", steps=4))
     assert "trainer.resume" in str(e.value) and "actor.optim.lr was" in str(e.value)
+
+
+def test_lora_actor_and_critic_with_the_reference_from_the_actor(tmp_path):
+    """actor.lora / critic.lora through the trainer: the reference is the actor with its adapters off (no model
+    of its own), so the first step's KL is exactly 0 (the adapters start as the base) and later ones are not."""
+    cfg = tiny_config(
+        "ppo_tiny",
+        str(tmp_path),
+        "trainer.controller=local",
+        "actor.ppo_micro_batch_size_per_device=2",
+        "critic.ppo_micro_batch_size_per_device=2",
+        "actor.lora.rank=4",
+        "actor.optim.lr=1e-2",
+        "critic.lora.rank=4",
+    )
+    trainer = PPOTrainer(cfg)
+    try:
+        assert trainer.plan.ref_from_actor
+        trainer.fit()
+    finally:
+        trainer.close()
+    rows = _metrics(tmp_path)
+    assert abs(rows[0]["actor/reward_kl"]) < 1e-6
+    assert abs(rows[-1]["actor/reward_kl"]) > 0
+    assert (tmp_path / "checkpoints" / "step_2" / "actor").is_dir()

@@ -34,10 +34,14 @@ from verl.protocol import DataProto
 from verl.utils.hf_files import copy_tokenizer_files
 from verl.utils.logprob import entropy_from_logits, logprobs_from_logits
 from verl.utils.shared_prefix import MASKABLE_ATTENTION, PrefixPack, attention_weight_of, pack_shared_prefixes
+from verl_fsdp.lora import apply_lora, is_lora, merged_weights
 from verl_fsdp.model import build_model
 from verl_fsdp.parallelize import apply_fsdp
 
 logger = logging.getLogger(__name__)
+
+
+LORA_ADAPTER_DIR = "lora_adapter"  # where export_hf writes a LoRA run's peft adapter folder
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -59,6 +63,8 @@ class FSDPEngine:
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
+        if cfg.lora is not None:  # before sharding: FSDP shards the adapters with their layers
+            model = apply_lora(model, cfg.lora, cfg.kind)
         # FSDP earns its hooks by sharding, mixed precision or offload; with none of them it only adds overhead.
         self.sharded = self.world_size > 1 or self.dtype != torch.float32 or (cfg.param_offload and cfg.device != "cpu")
         if self.sharded:
@@ -76,7 +82,8 @@ class FSDPEngine:
                 model.config._attn_implementation,
             )
         if cfg.optim is not None:
-            self.optimizer = parts.adamw(model.parameters(), cfg.optim)
+            # LoRA: the frozen base has no gradients and no optimizer state
+            self.optimizer = parts.adamw([p for p in model.parameters() if p.requires_grad], cfg.optim)
 
     def data_parallel_info(self) -> Tuple[int, int, bool]:
         return self.rank, self.world_size, True  # FSDP: every rank is its own data-parallel replica
@@ -153,12 +160,13 @@ class FSDPEngine:
         inside the root forward, so FSDP still gathers its weight, and applied by the caller (its gradient flows
         back through whatever the caller does with it: a gather, the fused kernels)."""
         head = self.model.get_output_embeddings()
-        name = next(n for n, m in self.model.named_children() if m is head)
-        setattr(self.model, name, torch.nn.Identity())
+        # the head's parent: the model itself, or the Hugging Face model inside peft's wrappers
+        parent, name = next((m, n) for m in self.model.modules() for n, c in m.named_children() if c is head)
+        setattr(parent, name, torch.nn.Identity())
         try:
             hidden = self.model(**kwargs, logits_to_keep=keep).logits
         finally:
-            setattr(self.model, name, head)
+            setattr(parent, name, head)
         return hidden, head
 
     def infer(
@@ -235,8 +243,20 @@ class FSDPEngine:
                 m.set_reshard_after_forward(m is not self.model, recurse=False)  # as apply_fsdp set them
                 m.reshard()
 
+    @contextlib.contextmanager
+    def adapters_off(self) -> Iterator[None]:
+        """The base model, LoRA adapters bypassed (the reference policy of a LoRA run: no second copy)."""
+        if not is_lora(self.model):
+            raise RuntimeError("adapters_off: this engine trains no LoRA adapters (set actor.lora.rank)")
+        with self.model.disable_adapter():
+            yield
+
     # ---- weights and checkpoints ---------------------------------------------------------------------
     def weights(self) -> Iterator[Tuple[str, torch.Tensor]]:
+        """Full parameters in Hugging Face names; with LoRA, the base with the adapters merged in."""
+        if is_lora(self.model):
+            yield from merged_weights(self.model, _full)
+            return
         for name, param in self.model.named_parameters():
             yield name, _full(param.detach())
 
@@ -247,8 +267,13 @@ class FSDPEngine:
         """This rank's shards of the model (and optimizer) state, as DCP saves and loads them in place."""
         if self.optimizer is None:
             return {"model": get_model_state_dict(self.model), "optim": {}}
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._state_options())
         return {"model": model_sd, "optim": optim_sd}
+
+    def _state_options(self) -> StateDictOptions:
+        # LoRA: a checkpoint holds what trains (adapters, a value head) and its optimizer state; the frozen base
+        # is the run's model, loaded again on resume
+        return StateDictOptions(ignore_frozen_params=is_lora(self.model), strict=not is_lora(self.model))
 
     def save_checkpoint(self, path: str) -> None:
         dcp.save(self._sharded_state(), checkpoint_id=path)
@@ -261,16 +286,29 @@ class FSDPEngine:
         if self.optimizer is None:
             set_model_state_dict(self.model, state["model"])
         else:
-            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+            set_state_dict(
+                self.model,
+                self.optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optim"],
+                options=self._state_options(),
+            )
         parts.load_extra(path, self.state)
 
     def export_hf(self, path: str) -> None:
-        """Rank 0 writes safetensors + config + tokenizer (and generation config) to `path`."""
+        """Rank 0 writes safetensors + config + tokenizer (and generation config) to `path`; with LoRA, the
+        adapters merged in there, and the adapters alone as a peft folder in `path`/lora_adapter."""
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        lora = is_lora(self.model)
+        # every rank takes part in the gathers; rank 0 keeps the merged tensors
+        merged = {k: v.cpu() for k, v in merged_weights(self.model, _full) if self.rank == 0} if lora else full
 
         def write() -> None:
             os.makedirs(path, exist_ok=True)
-            self.model.save_pretrained(path, state_dict=full, safe_serialization=True)
+            hf_model = self.model.get_base_model() if lora else self.model
+            hf_model.save_pretrained(path, state_dict=merged, safe_serialization=True)
             copy_tokenizer_files(self.cfg.tokenizer_path or self.cfg.model_path, path)
+            if lora:  # peft keeps the adapters' own entries of the full state dict
+                self.model.save_pretrained(os.path.join(path, LORA_ADAPTER_DIR), state_dict=full)
 
         parts.export_then_barrier(write)

@@ -99,6 +99,8 @@ def _batch_lines(plan: Plan) -> List[str]:
             f"packed rows ({', '.join(plan.shared_prefix)}): the samples of a prompt are one sequence, its prompt "
             "computed once, and no padding (model.shared_prefix=false for padded rows)"
         )
+    if plan.ref_from_actor:
+        lines.append("ref: the actor's own model with its LoRA adapters off (actor.lora; no second model)")
     return lines
 
 

@@ -291,6 +291,9 @@ def assign_roles(cfg: DictConfig, roles: Sequence[str]) -> Tuple[Tuple[Tuple[str
                     severity="warning",
                 )
             )
+    lora_actor = isinstance(value(cfg, "actor.lora.rank"), int) and value(cfg, "actor.lora.rank") >= 1
+    if lora_actor and "ref" in roles and "ref" not in found and found.get("actor"):
+        found["ref"] = found["actor"][:1]  # a LoRA actor's reference is the actor itself, adapters off
     for role in roles:
         pools_of = found.get(role, [])
         if not pools_of:

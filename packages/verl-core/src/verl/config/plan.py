@@ -141,6 +141,8 @@ class Plan:
     # Roles whose forward passes pack their rows: each prompt's samples as one sequence, the prompt once, and no
     # padding (model.shared_prefix)
     shared_prefix: Tuple[str, ...] = ()
+    # LoRA actor: the reference is the actor's engine with its adapters off, not a model of its own
+    ref_from_actor: bool = False
     controller: str = "ray"  # what runs the workers: trainer.controller, with auto resolved (_controller)
     controller_why: str = ""
     threads: Optional[int] = None  # CPU: torch threads of each worker process (None on GPUs)
@@ -313,6 +315,7 @@ def draft_plan(cfg: Any, total_steps: Optional[int] = None) -> Draft:
         old_log_probs="recompute" if why else "update",
         old_log_probs_why=why or "",
         shared_prefix=_shared_prefix_roles(cfg, layouts),
+        ref_from_actor="ref" in roles and lora_rank(cfg, "actor") >= 1,
     )
     plan = dataclasses.replace(plan, **_controller(cfg, plan))
     plan = dataclasses.replace(plan, **_threads(cfg, plan))
@@ -330,6 +333,12 @@ def _controller(cfg: DictConfig, plan: Plan) -> dict:
     if plan.world_size == 1:
         return {"controller": "local", "controller_why": "auto: one device, its workers in this process"}
     return {"controller": "ray", "controller_why": f"auto: {plan.world_size} devices, a Ray actor each"}
+
+
+def lora_rank(cfg: DictConfig, role: str) -> int:
+    """The role's LoRA rank (0: it trains in full)."""
+    rank = value(cfg, f"{role}.lora.rank")
+    return rank if isinstance(rank, int) else 0
 
 
 def _shared_prefix_roles(cfg: DictConfig, layouts) -> Tuple[str, ...]:
@@ -369,6 +378,8 @@ def on_policy_problem(cfg: DictConfig, batch: Optional[BatchPlan]) -> Optional[s
         return f"{actor.mini_batches} mini-batch(es) x {actor.epochs} epoch(s): later ones train on moved weights"
     if value(cfg, "algorithm.use_kl_in_reward"):
         return "algorithm.use_kl_in_reward needs them before the advantages"
+    if lora_rank(cfg, "actor") >= 1 and (value(cfg, "actor.lora.dropout") or 0) > 0:
+        return "actor.lora.dropout > 0: the update's forward drops adapter inputs, the old policy's does not"
     return None
 
 

@@ -132,6 +132,20 @@ class OptimConfig:
 
 
 @dataclass
+class LoraConfig:
+    """Low-rank adapters (peft) on a role's linear layers, the base weights frozen; rank 0: full training (fsdp)."""
+
+    rank: int = at_least(0, 0)
+    alpha: float = positive(16.0)  # adapters scale by alpha / rank
+    dropout: float = checked(0.0, lambda p: 0 <= p < 1, "must be in [0, 1), got {v}", "set {key}=0.0")
+    # "all-linear" (every linear layer but the output head) or module names, e.g. [q_proj, v_proj]
+    target_modules: Any = "all-linear"
+    # default: A random (Kaiming), B zero; gaussian: A normal. Both start as the base model exactly, which the
+    # reference (the actor with its adapters off) relies on.
+    init: str = one_of("default", "default", "gaussian")
+
+
+@dataclass
 class WarmStartConfig:
     """Supervised fine-tuning before RL (cached by these settings): prompt/response parquet files."""
 
@@ -249,6 +263,8 @@ class ActorConfig:
     use_fused_kernels: bool = False
     fused_kernel_impl: str = "torch"  # torch | triton (a kernels backend)
     param_offload: bool = False  # fsdp: parameters, gradients and optimizer state in host memory
+    # LoRA: only adapters train; the reference is this model with its adapters off (no second model)
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
@@ -296,6 +312,7 @@ class CriticConfig:
     ppo_epochs: Optional[int] = at_least(None, 1)  # None: actor.ppo_epochs
     cliprange_value: float = positive(0.5)
     loss_agg_mode: Any = "token-mean"
+    lora: LoraConfig = field(default_factory=LoraConfig)  # adapters on the trunk; the value head trains in full
 
 
 @dataclass

@@ -30,7 +30,7 @@ from verl.config.algorithm_checks import (
 from verl.config.checks import Check, Context, error_at, not_one_of
 from verl.config.errors import ConfigProblem, errors
 from verl.config.placement import TRAIN_ROLES, as_config, ref_inherits_parallel, role_backend, role_parallel, value
-from verl.config.plan import PASS_TOKEN_KEYS, TRAIN_TOKEN_KEYS, Plan, TrainBatch, draft_plan
+from verl.config.plan import PASS_TOKEN_KEYS, TRAIN_TOKEN_KEYS, Plan, TrainBatch, draft_plan, lora_rank
 from verl.config.schema import VerlConfig, field_types, is_section, strip_optional
 
 
@@ -399,6 +399,36 @@ def check_token_budgets(ctx: Context) -> List[ConfigProblem]:
     return problems
 
 
+def check_lora(ctx: Context) -> List[ConfigProblem]:
+    """LoRA runs on the fsdp engine; a LoRA actor's reference is the actor itself, adapters off, so it must sit
+    where the actor is, with the actor's backend and layout."""
+    cfg, problems = ctx.cfg, []
+    roles = {r.name: r for r in ctx.draft.plan.role_plans}
+    for role in ("actor", "critic"):
+        if role in roles and lora_rank(cfg, role) >= 1 and roles[role].backend != "fsdp":
+            problems.append(
+                error_at(
+                    f"{role}.lora.rank",
+                    f"LoRA is an fsdp engine feature; {role} runs on {roles[role].backend} (its column/row-parallel "
+                    "linears take no peft adapters here)",
+                    f"set {role}.backend=fsdp, or {role}.lora.rank=0 (full training)",
+                )
+            )
+    if not ctx.draft.plan.ref_from_actor or "ref" not in roles or "actor" not in roles:
+        return problems
+    ref, actor = roles["ref"], roles["actor"]
+    if ref.layout.pool != actor.layout.pool or ref.backend != actor.backend or value(cfg, "ref.parallel") is not None:
+        problems.append(
+            error_at(
+                "ref",
+                "with actor.lora the reference is the actor's own model with its adapters off, so it runs where "
+                f"the actor runs (pool '{actor.layout.pool}', backend {actor.backend}, the actor's layout)",
+                "place ref in the actor's pool and leave ref.backend and ref.parallel unset",
+            )
+        )
+    return problems
+
+
 def check_backends(ctx: Context) -> List[ConfigProblem]:
     from verl.backends import check_backend  # lazy: backends report their problems with verl.config's types
 
@@ -442,6 +472,7 @@ CHECKS: Sequence[Check] = (
     check_train_batches,
     check_log_prob_batches,
     check_token_budgets,
+    check_lora,
     check_group_size,
     check_values_have_a_critic,
     check_backends,

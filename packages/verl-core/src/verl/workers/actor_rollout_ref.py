@@ -48,6 +48,20 @@ def pass_sizes(role: Any) -> Dict[str, int]:
     return sizes
 
 
+class AdaptersOff:
+    """The reference policy of a LoRA actor: the actor's own engine with its adapters bypassed."""
+
+    def __init__(self, actor: Any):
+        self.actor = actor
+
+    def infer(self, batch: DataProto, **kw: Any) -> DataProto:
+        with self.actor.adapters_off():
+            return self.actor.infer(batch, **kw)
+
+    def data_parallel_info(self):
+        return self.actor.data_parallel_info()
+
+
 class ActorRolloutRefWorker(Worker):
     def __init__(
         self,
@@ -90,7 +104,9 @@ class ActorRolloutRefWorker(Worker):
             self.rollout = rollout_engine(
                 self.cfg, plan, model_path=self.model_path, tokenizer=self.tokenizer, actor=self.actor
             )
-        if "ref" in self.roles:
+        if "ref" in self.roles and plan.ref_from_actor:  # LoRA: the base model is the actor, adapters off
+            self.ref = AdaptersOff(self._need("actor"))
+        elif "ref" in self.roles:
             self.ref = train_engine(
                 self.cfg, plan.role("ref"), model_path=self.model_path, total_steps=1, optimize=False
             )

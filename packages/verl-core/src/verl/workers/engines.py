@@ -24,11 +24,18 @@ def train_engine(cfg: Any, role: RolePlan, *, model_path: str, total_steps: int,
         use_fused_kernels=role.name == "actor" and bool(cfg.actor.use_fused_kernels),
         fused_kernel_impl=cfg.actor.fused_kernel_impl if role.name == "actor" else "torch",
         shared_prefix=bool(cfg.model.shared_prefix),
+        lora=_lora(section) if optimize else None,
         seed=cfg.trainer.seed,
         parallel=role.layout,
         override_config=dict(cfg.model.override_config),
     )
     return load_engine(role.backend, "train")(engine_cfg)
+
+
+def _lora(section: Any) -> Optional[Any]:
+    """The role's LoRA settings when it trains adapters (rank >= 1), else None."""
+    lora = section.get("lora")
+    return lora if lora is not None and lora.rank >= 1 else None
 
 
 def rollout_settings(cfg: Any, plan: Plan, tokenizer: Any) -> Dict[str, Any]:
