@@ -7,6 +7,7 @@ import pytest
 import ray
 import torch
 
+from verl.controller import init_ray
 from verl.protocol import DataProto
 
 pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
@@ -14,7 +15,8 @@ pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # a private local cluster: a bare ray.init() would join a cluster another test started with `ray start`
+    init_ray(num_cpus=2, log_to_driver=False)
     yield
     ray.shutdown()
 
