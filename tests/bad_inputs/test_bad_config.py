@@ -104,6 +104,14 @@ CASES = [
         "adapters off",
     ),
     ("lora_init_unknown", ["actor.lora.init=pisa"], "actor.lora.init", "default"),
+    ("lora_sync_adapter_without_lora", ["rollout.lora_sync=adapter"], "rollout.lora_sync", "actor.lora.rank"),
+    (
+        "lora_sync_adapter_on_hf",
+        ["actor.lora.rank=8", "rollout.lora_sync=adapter"],
+        "rollout.lora_sync",
+        "hf rollout loads no LoRA adapters",
+    ),
+    ("lora_sync_unknown", ["rollout.lora_sync=adapters"], "rollout.lora_sync", "adapter"),
     ("unset_by_override", ["actor.optim.lr=???"], "actor.optim.lr", "sets no value"),
     # text of the recipe and overrides
     ("key_in_the_wrong_section", ["trainer.save_every=5"], "trainer.save_every", "checkpoint.save_every"),

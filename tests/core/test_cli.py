@@ -77,6 +77,23 @@ def test_validate_reports_every_problem_and_exits_2(tmp_path, capsys):
     assert "2 errors" in err
 
 
+@pytest.mark.parametrize(
+    "overrides, line",
+    [
+        (["actor.lora.rank=8"], "weight sync: the base weights with the LoRA adapters merged in"),
+        (["actor.lora.rank=8", "rollout.backend=vllm", "rollout.lora_sync=adapter"], "weight sync: the LoRA adapters"),
+        ([], None),
+    ],
+)
+def test_the_plan_says_what_a_lora_actor_sends_its_rollout(tmp_path, capsys, overrides, line):
+    code, out, err = run(capsys, "validate", recipe(tmp_path), *overrides)
+    assert code == 0, err
+    if line is None:
+        assert "weight sync:" not in out
+    else:
+        assert line in out
+
+
 def test_load_errors_exit_2_without_traceback(tmp_path, capsys):
     code, out, err = run(capsys, "validate", recipe(tmp_path, RECIPE + "actr: {}\n"))
     assert code == 2 and "actr" in err

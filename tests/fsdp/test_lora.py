@@ -3,13 +3,16 @@ reference policy), merged weights and exported folders reproduce the trained pol
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import torch
 
 from tests.support.engines import gloo_world_one, llama_dir, policy_batch, random_batch  # noqa: F401
 from verl.config.schema import LoraConfig, OptimConfig
 from verl.engine import EngineConfig
+from verl.engine_parts import meta_file
 from verl_fsdp.engine import LORA_ADAPTER_DIR, FSDPEngine
 
 P, R, VOCAB = 5, 4, 40
@@ -134,3 +137,54 @@ def test_a_lora_critic_trains_its_value_head_in_full(gloo_world_one, llama_dir):
     assert (after - before).abs().max() > 1e-3
     names = {n for n, _ in engine.weights()}
     assert "score.weight" in names and not any("lora_" in n or "modules_to_save" in n for n in names)
+
+
+def test_verl_export_writes_merged_and_adapter_folders(gloo_world_one, llama_dir, tmp_path):  # noqa: F811
+    """`verl export` of an adapter-only checkpoint: the merged folder loads in plain transformers and the peft folder
+    on the base model, and both give the trained policy's log-probs."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from verl.cli import main
+
+    batch = random_batch(6, P, R, seed=4)
+    engine = _engine(llama_dir)
+    for _ in range(2):
+        engine.train_step(batch, _nll, micro_batch_size=6)
+    policy = _log_probs(engine, batch)
+    engine.save_checkpoint(str(tmp_path / "ckpt"))
+
+    out = str(tmp_path / "hf")
+    assert main(["export", str(tmp_path / "ckpt"), out]) == 0  # the backend is read from the checkpoint
+    merged = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    torch.testing.assert_close(_hf_log_probs(merged, batch), policy, rtol=1e-5, atol=1e-5)
+    base = AutoModelForCausalLM.from_pretrained(llama_dir, dtype=torch.float32)
+    adapted = PeftModel.from_pretrained(base, os.path.join(out, LORA_ADAPTER_DIR)).eval()
+    torch.testing.assert_close(_hf_log_probs(adapted, batch), policy, rtol=1e-5, atol=1e-5)
+
+
+def test_verl_export_of_a_full_checkpoint_and_a_missing_base(gloo_world_one, llama_dir, tmp_path, capsys):  # noqa: F811
+    from safetensors.torch import load_file
+
+    from verl.cli import main
+
+    engine = _engine(llama_dir, lora=None)
+    engine.train_step(random_batch(6, P, R, seed=5), _nll, micro_batch_size=6)
+    trained = {k: v.clone() for k, v in engine.weights()}
+    engine.save_checkpoint(str(tmp_path / "ckpt"))
+    assert main(["export", str(tmp_path / "ckpt"), str(tmp_path / "hf")]) == 0
+    exported = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    assert exported.keys() == trained.keys()
+    for key in trained:
+        assert torch.equal(exported[key], trained[key]), key
+
+    moved = str(tmp_path / "nowhere")
+    assert main(["export", str(tmp_path / "ckpt"), str(tmp_path / "hf2"), "--model", moved]) == 2
+    assert f"--model {moved} holds no config.json" in capsys.readouterr().err
+    meta_path = Path(meta_file(str(tmp_path / "ckpt"), "fsdp"))
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "model_path": moved}))
+    assert main(["export", str(tmp_path / "ckpt"), str(tmp_path / "hf2")]) == 2
+    err = capsys.readouterr().err
+    assert f"{moved} (the model named in {meta_path}) holds no config.json" in err and "--model" in err
+    assert not os.path.exists(tmp_path / "hf2")

@@ -105,6 +105,8 @@ def test_export_reshards_a_tp2_pp2_checkpoint_into_hf(ray_two_cpus, tmp_path, em
 
 def test_export_refuses_what_is_not_a_megatron_checkpoint(tmp_path):
     out = _verl("export", str(tmp_path), str(tmp_path / "hf"))
-    assert out.returncode == 2 and "is not a megatron engine checkpoint" in out.stderr
+    assert out.returncode == 2 and "names no backend (no verl_<backend>.json)" in out.stderr
+    out = _verl("export", str(tmp_path), str(tmp_path / "hf"), "--backend", "megatron")
+    assert out.returncode == 2 and "is not a checkpoint of the megatron engine" in out.stderr
     out = _verl("export", str(tmp_path), str(tmp_path / "hf"), "--backend", "fsdp")
-    assert out.returncode == 2 and "writes Hugging Face folders itself" in out.stderr
+    assert out.returncode == 2 and "is not a checkpoint of the fsdp engine" in out.stderr

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from verl.config.schema import OptimConfig
+from verl.config.schema import LoraConfig, OptimConfig
 from verl.engine import EngineConfig
 from verl.protocol import DataProto
 
@@ -27,12 +27,21 @@ def prompts(b=3, p=4, seed=0) -> DataProto:
     return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": pos}, {"tag": tags})
 
 
-def make_actor(path: str, device: str = "cpu"):
-    """An FSDP actor on the engine's model (needs a torch.distributed group), fp32 everywhere."""
+def make_actor(path: str, device: str = "cpu", lora: int = 0):
+    """An FSDP actor on the engine's model (needs a torch.distributed group), fp32 everywhere; `lora`: the rank of
+    LoRA adapters it trains (0: full training)."""
     from verl_fsdp.engine import FSDPEngine
 
     optim = OptimConfig(lr=5e-2, weight_decay=0.0)
-    return FSDPEngine(EngineConfig(model_path=path, optim=optim, total_steps=5, device=device, dtype="float32"))
+    adapters = LoraConfig(rank=lora, alpha=2.0 * lora) if lora else None
+    return FSDPEngine(
+        EngineConfig(model_path=path, optim=optim, total_steps=5, device=device, dtype="float32", lora=adapters)
+    )
+
+
+def nll(out, mb):
+    loss = -(out["log_probs"] * mb.batch["response_mask"]).sum() / mb.batch["response_mask"].sum()
+    return loss, {"loss": float(loss)}
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
@@ -106,11 +115,6 @@ def check_weight_sync_follows_the_actor(
     """After an actor update and an in-place sync, vLLM's log-probs are the new weights' (not the old ones')."""
     actor = make_actor(model_path, device)
     batch = rollout.generate(prompts(), n=2, temperature=0)
-
-    def nll(out, mb):
-        loss = -(out["log_probs"] * mb.batch["response_mask"]).sum() / mb.batch["response_mask"].sum()
-        return loss, {"loss": float(loss)}
-
     for _ in range(3):
         actor.train_step(batch, nll, micro_batch_size=6)
     moved = rollout.update_weights(actor.weights())
@@ -138,3 +142,28 @@ def check_sleep_then_sync_then_generate(
     assert mask.sum() > 0
     expected = actor.infer(out, micro_batch_size=6).batch["log_probs"]
     assert max_diff(expected, out.batch["rollout_log_probs"], mask) < tol
+
+
+def check_adapter_sync_follows_the_actor(
+    rollout, model_path: str, device: str = "cpu", tol: float = LOGPROB_TOL, rank: int = 8
+) -> None:
+    """rollout.lora_sync: adapter. The engine (built with lora_rank=`rank` on the base model) serves a LoRA actor's
+    adapters: after each load it generates with the trained policy, not the base; a reload replaces the adapters in
+    place (a second update is followed too), sleep keeps the base weights, and only the adapters' bytes move."""
+    actor = make_actor(model_path, device, lora=rank)
+    base = make_actor(model_path, device)
+    for update in range(2):
+        batch = rollout.generate(prompts(), n=2, temperature=0)
+        for _ in range(3):
+            actor.train_step(batch, nll, micro_batch_size=6)
+        rollout.sleep()
+        config, tensors = actor.lora_adapter()
+        tensors = dict(tensors)
+        moved = rollout.load_adapter(config, tensors.items())
+        assert moved == sum(t.numel() * t.element_size() for t in tensors.values()) > 0
+        full = sum(p.numel() * p.element_size() for _, p in actor.weights())
+        assert moved < full / 2, (moved, full)  # the adapters alone, not the model (a tiny model: 1/5 of it)
+        out = rollout.generate(prompts(), n=2, temperature=0)
+        mask, reported = out.batch["response_mask"], out.batch["rollout_log_probs"]
+        assert max_diff(actor.infer(out, micro_batch_size=6).batch["log_probs"], reported, mask) < tol, update
+        assert max_diff(base.infer(out, micro_batch_size=6).batch["log_probs"], reported, mask) > 0.1, update

@@ -45,7 +45,8 @@ def gloo_world_one():
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     yield
-    dist.destroy_process_group()
+    if dist.is_initialized():  # (a vLLM engine that joined the group destroys it when it shuts down)
+        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -9,17 +9,11 @@ from __future__ import annotations
 import pytest
 
 from tests.rollout import engine_contract as contract
-from tests.support.engines import gloo_world_one, make_llama_dir  # noqa: F401
+from tests.support.engines import gloo_world_one  # noqa: F401
 from verl.config.schema import ParallelConfig, RolloutConfig
 from verl_rollout.vllm import VLLMRollout
 
 pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/rollout/vllm/BUILD too)
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory) -> str:
-    """vLLM's CPU attention kernels take head sizes from 32 up: a 2-layer GQA Llama with head_dim 32."""
-    return make_llama_dir(str(tmp_path_factory.mktemp("llama")), hidden_size=64, head_dim=32)
 
 
 @pytest.fixture(scope="module")

@@ -111,7 +111,12 @@ class TrainEngine(Protocol):
         entropy: compute `entropy` for the loss; entropy_grad: whether its gradient is needed (fused kernels)."""
 
     def weights(self) -> Iterator[Tuple[str, torch.Tensor]]:
-        """Full (unsharded) parameters one tensor at a time, in Hugging Face names; collective on all ranks."""
+        """Full (unsharded) parameters one tensor at a time, in Hugging Face names; collective on all ranks.
+        With LoRA adapters, the base with the adapters merged in."""
+
+    def lora_adapter(self) -> Optional[Tuple[Dict[str, Any], Weights]]:
+        """With LoRA adapters: (their peft adapter_config as a dict, the adapter tensors, full, under peft's saved
+        names), for a rollout that loads adapters (`RolloutEngine.load_adapter`); collective. None without LoRA."""
 
     def data_parallel_info(self) -> Tuple[int, int, bool]:
         """(dp_rank, dp_size, collect): which slice of a batch this rank takes, and whether its outputs are
@@ -144,6 +149,10 @@ class RolloutEngine(Protocol):
 
     def update_weights(self, weights: Weights) -> int:
         """Load new weights in place; returns the bytes received (0 when the weights are shared)."""
+
+    def load_adapter(self, config: Dict[str, Any], weights: Weights) -> int:
+        """Serve the actor's LoRA adapters (peft format) on the base weights it holds, replacing the last ones;
+        returns the bytes received. Only engines with LoRA support (rollout.lora_sync: adapter) implement it."""
 
     def sleep(self) -> None: ...
 

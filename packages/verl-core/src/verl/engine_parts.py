@@ -14,6 +14,7 @@ and its checkpoint `backend state + save_extra(path, self.state)`, restored by `
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -160,6 +161,24 @@ def optimizer_step(
         update(norm)
     state.steps += 1
     return {"grad_norm": norm, "lr": lr, **({} if finite else {"skipped_steps": 1.0})}
+
+
+def meta_file(path: str, backend: str) -> str:
+    """`verl_<backend>.json` in a role's checkpoint folder: what the engine that wrote it needs to read it back
+    (its kind, dtype, base model, ...); `verl export` finds the backend by this name."""
+    return os.path.join(path, f"verl_{backend}.json")
+
+
+def read_meta(checkpoint: str, backend: str) -> Dict[str, Any]:
+    """The meta_file of a `backend` engine's checkpoint, or a FileNotFoundError saying what to pass instead."""
+    path = meta_file(checkpoint, backend)
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"{checkpoint} is not a checkpoint of the {backend} engine (no {os.path.basename(path)}); pass the "
+            "role's folder, e.g. <checkpoint dir>/step_100/actor"
+        )
+    with open(path) as f:
+        return json.load(f)
 
 
 def _extra_file(path: str) -> str:

@@ -3,6 +3,11 @@
 from verl.backends import BackendSpec
 
 FSDP = BackendSpec(
-    name="fsdp", kind="train", package="verl-fsdp", requires=("transformers",), engine="verl_fsdp.engine:FSDPEngine"
+    name="fsdp",
+    kind="train",
+    package="verl-fsdp",
+    requires=("transformers",),
+    engine="verl_fsdp.engine:FSDPEngine",
+    exporter="verl_fsdp.export:export_checkpoint",
 )
 BACKENDS = (FSDP,)

@@ -10,6 +10,8 @@ loss over micro-batches, steps the optimizer, and moves weights and checkpoints 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import logging
 import os
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -34,7 +36,7 @@ from verl.protocol import DataProto
 from verl.utils.hf_files import copy_tokenizer_files
 from verl.utils.logprob import entropy_from_logits, logprobs_from_logits
 from verl.utils.shared_prefix import MASKABLE_ATTENTION, PrefixPack, attention_weight_of, pack_shared_prefixes
-from verl_fsdp.lora import apply_lora, is_lora, merged_weights
+from verl_fsdp.lora import adapter_state, apply_lora, is_lora, merged_weights
 from verl_fsdp.model import build_model
 from verl_fsdp.parallelize import apply_fsdp
 
@@ -260,13 +262,17 @@ class FSDPEngine:
         for name, param in self.model.named_parameters():
             yield name, _full(param.detach())
 
+    def lora_adapter(self) -> Optional[Tuple[Dict[str, Any], Iterator[Tuple[str, torch.Tensor]]]]:
+        """With LoRA: (peft adapter config, the adapter tensors, full, in peft's saved names); else None."""
+        return adapter_state(self.model, _full) if is_lora(self.model) else None
+
     def sync_received_bytes(self) -> int:
         return 0  # the FSDP all-gathers in weights() are not counted
 
     def _sharded_state(self) -> Dict[str, Dict]:
         """This rank's shards of the model (and optimizer) state, as DCP saves and loads them in place."""
         if self.optimizer is None:
-            return {"model": get_model_state_dict(self.model), "optim": {}}
+            return {"model": get_model_state_dict(self.model, options=self._state_options()), "optim": {}}
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._state_options())
         return {"model": model_sd, "optim": optim_sd}
 
@@ -278,13 +284,30 @@ class FSDPEngine:
     def save_checkpoint(self, path: str) -> None:
         dcp.save(self._sharded_state(), checkpoint_id=path)
         parts.save_extra(path, self.state)
+        if self.rank == 0:
+            with open(parts.meta_file(path, "fsdp"), "w") as f:
+                json.dump(self.checkpoint_meta(), f, indent=1)
         dist.barrier()
+
+    def checkpoint_meta(self) -> Dict[str, Any]:
+        """What rebuilds this engine around its checkpoint: the base model (a LoRA checkpoint holds only the
+        adapters), the kind, the LoRA settings."""
+        lora = self.cfg.lora
+        return {
+            "backend": "fsdp",
+            "kind": self.cfg.kind,
+            "model_path": os.path.abspath(self.cfg.model_path),
+            "tokenizer_path": self.cfg.tokenizer_path and os.path.abspath(self.cfg.tokenizer_path),
+            "dtype": self.cfg.dtype,
+            "lora": dataclasses.asdict(lora) if lora is not None else None,
+            "override_config": self.cfg.override_config,
+        }
 
     def load_checkpoint(self, path: str) -> None:
         state = self._sharded_state()
         dcp.load(state, checkpoint_id=path)
         if self.optimizer is None:
-            set_model_state_dict(self.model, state["model"])
+            set_model_state_dict(self.model, state["model"], options=self._state_options())
         else:
             set_state_dict(
                 self.model,

@@ -1,13 +1,13 @@
 """LoRA on a Hugging Face model with peft: adapters on, the base frozen, and the weights in Hugging Face names.
 
 `apply_lora` wraps the model (before FSDP shards it); `merged_weights` yields base + scale * B @ A under the
-base model's own parameter names (what a rollout with its own copy loads); `adapter_names` picks out what an
-adapter checkpoint or a peft folder holds.
+base model's own parameter names (what a rollout with its own copy loads); `adapter_state` gives the adapters
+alone as a peft folder holds them (what a rollout that loads adapters takes).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Tuple
+from typing import Any, Callable, Dict, Iterator, Tuple
 
 import torch
 
@@ -72,10 +72,18 @@ def merged_weights(
         yield _hf_name(name), full(param.detach())
 
 
+def adapter_state(
+    model: torch.nn.Module, full: Callable[[torch.Tensor], torch.Tensor]
+) -> Tuple[Dict[str, Any], Iterator[Tuple[str, torch.Tensor]]]:
+    """The adapters as a peft folder holds them: its adapter_config.json as a dict, and the tensors one at a time
+    under peft's saved names (`base_model.model.<module>.lora_A.weight`); what an adapter-loading rollout takes."""
+    from peft import get_peft_model_state_dict  # pants: no-infer-dep
+
+    config = model.peft_config[ADAPTER].to_dict()
+    config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}  # JSON has no sets
+    state = get_peft_model_state_dict(model, adapter_name=ADAPTER)
+    return config, ((name, full(t.detach())) for name, t in state.items())
+
+
 def _is_adapter(name: str) -> bool:
     return ".lora_" in name
-
-
-def adapter_names(model: torch.nn.Module) -> set[str]:
-    """The parameters an adapter checkpoint holds: the adapters, and a value model's head."""
-    return {n for n, p in model.named_parameters() if p.requires_grad}

@@ -27,8 +27,6 @@ from verl_megatron.parallel import init_model_parallel, sequence_parallel
 from verl_megatron.sequences import pack, take
 from verl_megatron.weights import SyncStats, generation_groups, hf_shapes, load_hf, stream_hf, unwrap
 
-CHECKPOINT_META = "verl_megatron.json"
-
 
 class MegatronEngine:
     """verl.engine.TrainEngine on megatron-core: this rank's chunks of the role's model, its optimizer shard."""
@@ -371,6 +369,9 @@ class MegatronEngine:
             stats=self.last_sync,
         )
 
+    def lora_adapter(self) -> None:
+        return None  # no LoRA on this engine (validate refuses actor.lora on megatron)
+
     def sync_received_bytes(self) -> int:
         return self.last_sync.received_bytes
 
@@ -404,7 +405,7 @@ class MegatronEngine:
         os.makedirs(hf_dir, exist_ok=True)
         self.hf_config.save_pretrained(hf_dir)
         copy_tokenizer_files(self.cfg.tokenizer_path or self.cfg.model_path, hf_dir)
-        with open(os.path.join(path, CHECKPOINT_META), "w") as f:
+        with open(parts.meta_file(path, "megatron"), "w") as f:
             dtype = str(self.dtype).removeprefix("torch.")
             json.dump({"backend": "megatron", "kind": self.cfg.kind, "dtype": dtype, "format": "megatron-dist"}, f)
 

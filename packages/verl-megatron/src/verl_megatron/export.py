@@ -96,49 +96,26 @@ def export_checkpoint(checkpoint: str, out: str, *, shard_bytes: int = SHARD_BYT
     TP=1, PP=1 on CPU in float32, then converted to HF names and written in the dtype it was trained in.
     Needs host memory for the model in float32.
     """
-    import torch.distributed as dist
-
     from verl.engine import EngineConfig
-    from verl_megatron.engine import CHECKPOINT_META, MegatronEngine
+    from verl.engine_parts import read_meta
+    from verl.utils.world_of_one import world_of_one
+    from verl_megatron.engine import MegatronEngine
 
-    meta_file = os.path.join(checkpoint, CHECKPOINT_META)
-    if not os.path.exists(meta_file):
-        raise FileNotFoundError(
-            f"{checkpoint} is not a megatron engine checkpoint (no {CHECKPOINT_META}); pass the role's folder, "
-            "e.g. <checkpoint dir>/step_100/actor"
-        )
-    with open(meta_file) as f:
-        meta = json.load(f)
+    meta = read_meta(checkpoint, "megatron")
     hf_dir = os.path.join(checkpoint, "hf_config")
-    started = _init_world_of_one()
-    try:
-        with warnings.catch_warnings():  # megatron's notes on falling back from apex/TransformerEngine
-            warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
-            cfg = EngineConfig(model_path=hf_dir, kind=meta["kind"], device="cpu", dtype="float32")
-            engine = MegatronEngine(cfg, weights_from="checkpoint")
-            engine.load_checkpoint(checkpoint, model_only=True)
-            dtype = getattr(torch, meta.get("dtype", "float32"))
-            weights = ((name, t.to(dtype)) for name, t in engine.weights())
-            return write_hf_folder(
-                weights, out, engine.hf_config, kind=cfg.kind, tokenizer_from=hf_dir, shard_bytes=shard_bytes
-            )
-    finally:
-        from verl_megatron.parallel import destroy_model_parallel
+    with world_of_one():
+        try:
+            with warnings.catch_warnings():  # megatron's notes on falling back from apex/TransformerEngine
+                warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
+                cfg = EngineConfig(model_path=hf_dir, kind=meta["kind"], device="cpu", dtype="float32")
+                engine = MegatronEngine(cfg, weights_from="checkpoint")
+                engine.load_checkpoint(checkpoint, model_only=True)
+                dtype = getattr(torch, meta.get("dtype", "float32"))
+                weights = ((name, t.to(dtype)) for name, t in engine.weights())
+                return write_hf_folder(
+                    weights, out, engine.hf_config, kind=cfg.kind, tokenizer_from=hf_dir, shard_bytes=shard_bytes
+                )
+        finally:
+            from verl_megatron.parallel import destroy_model_parallel
 
-        destroy_model_parallel()
-        if started:
-            dist.destroy_process_group()
-
-
-def _init_world_of_one() -> bool:
-    import torch.distributed as dist
-
-    from verl.controller.worker import free_port
-
-    if dist.is_initialized():
-        if dist.get_world_size() != 1:
-            raise RuntimeError("export runs as a single process; call it outside a distributed job")
-        return False
-    port = free_port("127.0.0.1")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    return True
+            destroy_model_parallel()

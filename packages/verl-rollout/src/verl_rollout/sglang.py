@@ -80,7 +80,9 @@ class SGLangRollout:
 
     @classmethod
     def build(cls, cfg, *, model_path: str, actor: Optional[Any] = None, **settings: Any) -> "SGLangRollout":
-        """From the run's settings (`verl.workers.engines.rollout_settings`); SGLang keeps its own weights."""
+        """From the run's settings (`verl.workers.engines.rollout_settings`); SGLang keeps its own weights and
+        takes full ones after each update (validate refuses rollout.lora_sync=adapter for it)."""
+        settings.pop("lora_rank", None)
         return cls(cfg, model_path=model_path, **settings)
 
     def _sampling(self, temperature: float) -> dict:

@@ -12,14 +12,22 @@
 - On GPU, `free_cache_engine` turns on vLLM's sleep mode: `sleep()` drops the KV cache and the weights
   while the actor trains; the weights come back through the next sync, then the KV cache.
   A CPU build has no sleep mode; there the engine keeps its memory (`VLLM_CPU_KVCACHE_SPACE`, GiB, sizes it).
+- A LoRA actor with `rollout.lora_sync: adapter`: the engine keeps the base weights it loaded and serves the
+  actor's adapters with vLLM's LoRA support. `load_adapter` writes them as a peft folder in memory (/dev/shm)
+  and reloads vLLM's adapter in place; every request generates with it. Sleep then offloads the base weights
+  to host memory instead of discarding them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
-from typing import Any, Iterator, List, Optional, Tuple
+import shutil
+import tempfile
+import weakref
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -37,6 +45,18 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 from vllm import LLM, SamplingParams  # noqa: E402  # pants: no-infer-dep (the optional extra; resolve `vllm`)
 from vllm.inputs import TokensPrompt  # noqa: E402  # pants: no-infer-dep
+from vllm.lora.request import LoRARequest  # noqa: E402  # pants: no-infer-dep
+
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
+ADAPTER_ID = 1  # the one adapter slot, reloaded in place after every update
+
+
+def lora_slot(rank: int) -> int:
+    """vLLM's max_lora_rank for adapters of `rank`: the smallest value it accepts that holds them."""
+    for slot in LORA_RANKS:
+        if slot >= rank:
+            return slot
+    raise ValueError(f"actor.lora.rank {rank}: vLLM serves adapters up to rank {LORA_RANKS[-1]}")
 
 
 def remove_stale_cpu_shm(tp: int, shm_dir: str = "/dev/shm") -> List[str]:
@@ -72,7 +92,10 @@ class VLLMRollout:
         max_prompt_length: int = 0,
         dtype: str = "bfloat16",
         seed: int = 1,
+        lora_rank: int = 0,
     ):
+        """lora_rank: the rank of the adapters `load_adapter` will be sent (rollout.lora_sync: adapter); 0: the
+        engine takes full weights through `update_weights`."""
         self.cfg = cfg
         self.max_new_tokens = max_new_tokens
         self.eos_ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
@@ -93,6 +116,8 @@ class VLLMRollout:
         )
         if max_prompt_length:
             kwargs["max_model_len"] = max_prompt_length + max_new_tokens
+        if lora_rank:
+            kwargs.update(enable_lora=True, max_lora_rank=lora_slot(lora_rank), max_loras=1)
         if on_gpu:
             kwargs["gpu_memory_utilization"] = float(cfg.gpu_memory_utilization)
         if tp > 1:
@@ -102,6 +127,9 @@ class VLLMRollout:
         self.llm = LLM(**kwargs)
         self.asleep = False
         self.weights_discarded = False
+        self.adapters = bool(lora_rank)
+        self.lora_request: Optional[LoRARequest] = None  # the adapter every request generates with, once sent
+        self.adapter_dir: Optional[str] = None
 
     @classmethod
     def build(cls, cfg, *, model_path: str, actor: Optional[Any] = None, **settings: Any) -> "VLLMRollout":
@@ -134,7 +162,9 @@ class VLLMRollout:
         if n > 1 and temperature <= 0:
             prompts, n = prompts.repeat(n, interleave=True), 1
         requests = [TokensPrompt(prompt_token_ids=ids) for ids in unpadded_prompts(prompts)]
-        outputs = self.llm.generate(requests, self._sampling(n, temperature), use_tqdm=False)
+        outputs = self.llm.generate(
+            requests, self._sampling(n, temperature), use_tqdm=False, lora_request=self.lora_request
+        )
         tokens, log_probs = [], []
         for out in outputs:  # vLLM returns requests in submission order, each with its n samples
             if len(out.outputs) != n:
@@ -166,17 +196,41 @@ class VLLMRollout:
         self.llm.reset_prefix_cache()
         return moved
 
+    def load_adapter(self, config: Dict[str, Any], weights: Weights) -> int:
+        """Serve the actor's LoRA adapters (peft adapter_config and tensors) in place of the last ones: written as a
+        peft folder in memory (/dev/shm where there is one), then reloaded into vLLM's adapter slot; returns bytes."""
+        from safetensors.torch import save_file  # pants: no-infer-dep (vLLM's own dependency)
+
+        if not self.adapters:
+            raise RuntimeError("this vllm rollout was built for full weights (rollout.lora_sync: merged)")
+        if self.adapter_dir is None:
+            shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+            self.adapter_dir = tempfile.mkdtemp(prefix="verl-lora-", dir=shm)
+            weakref.finalize(self, shutil.rmtree, self.adapter_dir, True)
+        tensors = {name: t.detach().to("cpu").contiguous() for name, t in weights}
+        save_file(tensors, os.path.join(self.adapter_dir, "adapter_model.safetensors"))
+        with open(os.path.join(self.adapter_dir, "adapter_config.json"), "w") as f:
+            json.dump(config, f)
+        self.wake()
+        self.llm.llm_engine.add_lora(LoRARequest("actor", ADAPTER_ID, self.adapter_dir, load_inplace=True))
+        # requests name the loaded slot without reloading it
+        self.lora_request = LoRARequest("actor", ADAPTER_ID, self.adapter_dir)
+        self.llm.reset_prefix_cache()
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
     def sleep(self) -> None:
-        """Free the KV cache and the weights (GPU sleep mode) while the actor trains; a no-op on CPU."""
+        """Free the KV cache and the weights (GPU sleep mode) while the actor trains; a no-op on CPU. With adapters
+        the base weights are not re-sent, so they go to host memory instead (level 1)."""
         if not self.sleep_mode or self.asleep:
             return
         self.llm.reset_prefix_cache()
-        self.llm.sleep(level=2)  # the weights are re-sent after every update: nothing to keep
+        self.llm.sleep(level=1 if self.adapters else 2)  # full weights are re-sent after every update
         self.asleep = True
-        self.weights_discarded = True
+        self.weights_discarded = not self.adapters
 
     def wake(self) -> None:
-        """Re-allocate the weights (filled by the next update_weights); the KV cache follows on generate."""
+        """Re-allocate the weights (filled by the next update_weights, or brought back from host memory with
+        adapters); the KV cache follows on generate."""
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
 

@@ -2,7 +2,7 @@
 
     verl validate RECIPE [key=value ...]
     verl train RECIPE [--dry-run] [key=value ...]
-    verl export CHECKPOINT OUT [--backend megatron]
+    verl export CHECKPOINT OUT [--backend NAME] [--model BASE]
     verl info
 
 Exit codes: 0 success, 2 a bad recipe, bad arguments or bad input found while running (every problem is printed
@@ -12,7 +12,10 @@ to stderr; `train --debug` or VERL_DEBUG=1 shows the traceback of one found whil
 from __future__ import annotations
 
 import argparse
+import contextlib
+import glob
 import importlib.metadata
+import json
 import os
 import sys
 from typing import Any, List, Optional, Sequence, TextIO, Tuple
@@ -45,7 +48,12 @@ def _parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help="write a Hugging Face folder from a training checkpoint")
     export.add_argument("checkpoint", help="a role's checkpoint folder, e.g. <checkpoints>/step_100/actor")
     export.add_argument("out", help="the Hugging Face folder to write")
-    export.add_argument("--backend", default="megatron", help="the train backend that wrote the checkpoint")
+    export.add_argument(
+        "--backend", default=None, help="the train backend that wrote the checkpoint (default: the one it names)"
+    )
+    export.add_argument(
+        "--model", default=None, help="fsdp: the base model folder, when the one the checkpoint names has moved"
+    )
     sub.add_parser("info", help="installed backends, library versions and devices")
     return parser
 
@@ -187,15 +195,31 @@ def _resume_hint(cfg: Any, args: argparse.Namespace) -> str:
     return f"the run stopped; once the cause is fixed, continue from its last checkpoint ({latest}): {command}{resume}"
 
 
+def _checkpoint_backend(checkpoint: str) -> Optional[str]:
+    """The backend a role's checkpoint folder names in its `verl_<backend>.json`, if it has one."""
+    for path in sorted(glob.glob(os.path.join(checkpoint, "verl_*.json"))):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            with open(path) as f:
+                return json.load(f).get("backend")
+    return None
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     """Convert a checkpoint into a Hugging Face folder with the backend's exporter (loaded only now)."""
-    spec = installed_backends().get(args.backend)
+    backend = args.backend or _checkpoint_backend(args.checkpoint)
+    if backend is None:
+        return _fail(
+            f"{args.checkpoint} names no backend (no verl_<backend>.json): pass a role's checkpoint folder, "
+            "e.g. <checkpoints>/step_100/actor, or --backend"
+        )
+    spec = installed_backends().get(backend)
     if spec is None or spec.kind != "train":
-        return _fail(f"--backend {args.backend}: no installed train backend of that name (see `verl info`)")
+        return _fail(f"--backend {backend}: no installed train backend of that name (see `verl info`)")
     if not spec.exporter:
-        return _fail(f"--backend {args.backend}: the backend writes Hugging Face folders itself (checkpoint.save_hf)")
+        return _fail(f"--backend {backend}: the backend writes Hugging Face folders itself (checkpoint.save_hf)")
+    options = {"model_path": args.model} if args.model else {}
     try:
-        weight_map = spec.load("exporter")(args.checkpoint, args.out)
+        weight_map = spec.load("exporter")(args.checkpoint, args.out, **options)
     except (FileNotFoundError, ValueError) as e:
         return _fail(str(e))
     print(f"verl export: {len(weight_map)} tensors from {args.checkpoint} -> {args.out}")

@@ -101,6 +101,10 @@ def _batch_lines(plan: Plan) -> List[str]:
         )
     if plan.ref_from_actor:
         lines.append("ref: the actor's own model with its LoRA adapters off (actor.lora; no second model)")
+    if plan.lora_sync == "adapter":
+        lines.append("weight sync: the LoRA adapters alone, loaded by the rollout's LoRA support (rollout.lora_sync)")
+    elif plan.lora_sync == "merged":
+        lines.append("weight sync: the base weights with the LoRA adapters merged in (rollout.lora_sync)")
     return lines
 
 

@@ -143,6 +143,9 @@ class Plan:
     shared_prefix: Tuple[str, ...] = ()
     # LoRA actor: the reference is the actor's engine with its adapters off, not a model of its own
     ref_from_actor: bool = False
+    # LoRA actor with a rollout: what reaches the rollout after each update, "merged" (the base with the adapters
+    # merged in) or "adapter" (the adapters alone, loaded by an engine with LoRA support: vllm); None otherwise
+    lora_sync: Optional[str] = None
     controller: str = "ray"  # what runs the workers: trainer.controller, with auto resolved (_controller)
     controller_why: str = ""
     threads: Optional[int] = None  # CPU: torch threads of each worker process (None on GPUs)
@@ -316,6 +319,7 @@ def draft_plan(cfg: Any, total_steps: Optional[int] = None) -> Draft:
         old_log_probs_why=why or "",
         shared_prefix=_shared_prefix_roles(cfg, layouts),
         ref_from_actor="ref" in roles and lora_rank(cfg, "actor") >= 1,
+        lora_sync=value(cfg, "rollout.lora_sync") if "rollout" in roles and lora_rank(cfg, "actor") >= 1 else None,
     )
     plan = dataclasses.replace(plan, **_controller(cfg, plan))
     plan = dataclasses.replace(plan, **_threads(cfg, plan))

@@ -286,6 +286,9 @@ class RolloutConfig:
     )
     enforce_eager: bool = False
     free_cache_engine: bool = True  # release the KV cache while the actor trains (sleep/wake)
+    # With actor.lora, what a rollout with its own weights receives after each update: merged (the base with the
+    # adapters merged in; any engine) or adapter (the adapters alone, served by the engine's LoRA support: vllm)
+    lora_sync: str = one_of("merged", "merged", "adapter")
     val_temperature: float = _temperature(0.0)  # sampling temperature of validation; 0: greedy
 
 

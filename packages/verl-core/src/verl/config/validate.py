@@ -399,6 +399,9 @@ def check_token_budgets(ctx: Context) -> List[ConfigProblem]:
     return problems
 
 
+ADAPTER_ROLLOUTS = ("vllm",)  # rollout engines that load LoRA adapters themselves (rollout.lora_sync: adapter)
+
+
 def check_lora(ctx: Context) -> List[ConfigProblem]:
     """LoRA runs on the fsdp engine; a LoRA actor's reference is the actor itself, adapters off, so it must sit
     where the actor is, with the actor's backend and layout."""
@@ -412,6 +415,23 @@ def check_lora(ctx: Context) -> List[ConfigProblem]:
                     f"LoRA is an fsdp engine feature; {role} runs on {roles[role].backend} (its column/row-parallel "
                     "linears take no peft adapters here)",
                     f"set {role}.backend=fsdp, or {role}.lora.rank=0 (full training)",
+                )
+            )
+    if value(cfg, "rollout.lora_sync") == "adapter" and "rollout" in roles:
+        if lora_rank(cfg, "actor") < 1:
+            problems.append(
+                error_at(
+                    "rollout.lora_sync",
+                    "adapter: the rollout loads the actor's LoRA adapters, but the actor trains in full",
+                    "set actor.lora.rank (e.g. 16), or rollout.lora_sync=merged",
+                )
+            )
+        elif roles["rollout"].backend not in ADAPTER_ROLLOUTS:
+            problems.append(
+                error_at(
+                    "rollout.lora_sync",
+                    f"adapter: the {roles['rollout'].backend} rollout loads no LoRA adapters (the vllm one does)",
+                    "set rollout.lora_sync=merged, or rollout.backend=vllm",
                 )
             )
     if not ctx.draft.plan.ref_from_actor or "ref" not in roles or "actor" not in roles:

@@ -172,8 +172,10 @@ class ActorRolloutRefWorker(Worker):
         pool's ranks; timing/weight_sync_s: the slowest rank's whole sync."""
         start = time.perf_counter()
         actor, rollout = self._need("actor"), self._need("rollout")
-        # Full tensors, one at a time: every rollout engine slices its own tensor-parallel shard while loading.
-        moved = rollout.update_weights(actor.weights())
+        if self.plan.lora_sync == "adapter":  # the adapters alone; the rollout keeps the base weights it loaded
+            moved = rollout.load_adapter(*actor.lora_adapter())
+        else:  # full tensors, one at a time: every rollout engine slices its own tensor-parallel shard while loading
+            moved = rollout.update_weights(actor.weights())
         totals = torch.tensor([float(moved), float(actor.sync_received_bytes())], dtype=torch.float64)
         seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
         if dist.is_initialized() and dist.get_world_size() > 1:

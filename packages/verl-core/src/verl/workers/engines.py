@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
+from omegaconf import OmegaConf
+
 from verl.config.plan import Plan, RolePlan
+from verl.config.schema import LoraConfig
 from verl.engine import EngineConfig, load_engine
 
 
@@ -27,15 +30,17 @@ def train_engine(cfg: Any, role: RolePlan, *, model_path: str, total_steps: int,
         lora=_lora(section) if optimize else None,
         seed=cfg.trainer.seed,
         parallel=role.layout,
-        override_config=dict(cfg.model.override_config),
+        override_config=OmegaConf.to_container(cfg.model.override_config, resolve=True),
     )
     return load_engine(role.backend, "train")(engine_cfg)
 
 
-def _lora(section: Any) -> Optional[Any]:
+def _lora(section: Any) -> Optional[LoraConfig]:
     """The role's LoRA settings when it trains adapters (rank >= 1), else None."""
     lora = section.get("lora")
-    return lora if lora is not None and lora.rank >= 1 else None
+    if lora is None or lora.rank < 1:
+        return None
+    return LoraConfig(**OmegaConf.to_container(lora, resolve=True))
 
 
 def rollout_settings(cfg: Any, plan: Plan, tokenizer: Any) -> Dict[str, Any]:
@@ -49,6 +54,8 @@ def rollout_settings(cfg: Any, plan: Plan, tokenizer: Any) -> Dict[str, Any]:
         device=cfg.placement.device,
         dtype=cfg.model.dtype,
         seed=cfg.trainer.seed,
+        # the rank of the adapters it will be sent (rollout.lora_sync: adapter), 0 when it takes full weights
+        lora_rank=int(cfg.actor.lora.rank) if plan.lora_sync == "adapter" else 0,
     )
 
 
