@@ -47,6 +47,10 @@ def run(setting: str, steps: int, out: str) -> dict:
     return {key: statistics.median(r[key] for r in rows if key in r) for key in KEYS}
 
 
+def _fmt(v: float) -> str:
+    return f"{v:,.0f}" if v >= 1000 else f"{v:.3g}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
@@ -73,7 +77,7 @@ def main() -> None:
     ]
     for key, name in KEYS.items():
         ratio = adapter[key] / merged[key] if merged[key] else float("nan")
-        lines.append(f"| {name} | {merged[key]:,.4g} | {adapter[key]:,.4g} | {ratio:.2f} |")
+        lines.append(f"| {name} | {_fmt(merged[key])} | {_fmt(adapter[key])} | {ratio:.2f} |")
     lines += [
         "",
         "merged: the base weights with the adapters merged in, loaded into vLLM's own parameters in place; vLLM",

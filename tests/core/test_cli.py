@@ -94,6 +94,18 @@ def test_the_plan_says_what_a_lora_actor_sends_its_rollout(tmp_path, capsys, ove
         assert line in out
 
 
+def test_the_plan_says_when_ranks_are_balanced(tmp_path, capsys):
+    code, out, err = run(capsys, "validate", recipe(tmp_path))  # 2 devices: the actor at DP 2
+    assert code == 0, err
+    assert "balanced ranks: each step's prompt groups are placed on the actor's 2 data-parallel ranks" in out
+    code, out, err = run(capsys, "validate", recipe(tmp_path), "trainer.balance_ranks=false")
+    assert code == 0, err
+    assert "balanced ranks" not in out
+    code, out, err = run(capsys, "validate", recipe(tmp_path), "placement.devices_per_node=1")
+    assert code == 0, err
+    assert "balanced ranks" not in out  # one rank: nothing to balance
+
+
 def test_load_errors_exit_2_without_traceback(tmp_path, capsys):
     code, out, err = run(capsys, "validate", recipe(tmp_path, RECIPE + "actr: {}\n"))
     assert code == 2 and "actr" in err

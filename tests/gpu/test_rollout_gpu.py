@@ -90,3 +90,30 @@ def test_sleep_frees_memory_and_the_cycle_generates(rollout, llama_dir):
     with pytest.raises(RuntimeError, match="update_weights"):  # the weights were discarded: sync first
         rollout.generate(contract.prompts(), n=1)
     contract.check_sleep_then_sync_then_generate(rollout, llama_dir, device="cuda", tol=GPU_TOL)
+
+
+@pytest.fixture(scope="module")
+def vllm_lora_rollout(gpu_world, llama_dir):
+    """vLLM serving a LoRA actor's adapters (rollout.lora_sync: adapter) on the base weights it loaded."""
+    pytest.importorskip("vllm", reason="vllm is not installed")
+    from verl.config.schema import RolloutConfig
+    from verl_rollout.vllm import VLLMRollout
+
+    cfg = RolloutConfig(temperature=1.0, gpu_memory_utilization=0.2, free_cache_engine=True, lora_sync="adapter")
+    return VLLMRollout(
+        cfg,
+        model_path=llama_dir,
+        max_new_tokens=contract.R,
+        eos_token_id=contract.EOS,
+        pad_token_id=contract.PAD,
+        device="cuda",
+        max_prompt_length=8,
+        dtype="float32",
+        seed=3,
+        lora_rank=8,
+    )
+
+
+def test_vllm_adapter_sync_follows_the_actor_through_sleep(vllm_lora_rollout, llama_dir):
+    """Sleep offloads the base weights (they are not re-sent), the adapters alone arrive after each update."""
+    contract.check_adapter_sync_follows_the_actor(vllm_lora_rollout, llama_dir, device="cuda", tol=GPU_TOL, rank=8)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.support.engines import policy_batch
-from tests.support.run_configs import tiny_config
+from tests.support.run_configs import ODD_LENGTH_REWARD, fit, tiny_config
 from verl.config.plan import build_plan
 from verl.controller import make_worker_group, pools_from_plan
 from verl.embedded.models import materialize_embedded_model
@@ -95,3 +95,24 @@ def materialize_reference(model_path: str) -> dict:
             k: v.detach() for k, v in AutoModelForCausalLM.from_pretrained(model_path).named_parameters()
         }
     return _REF[model_path]
+
+
+def test_a_two_rank_run_balances_its_ranks_by_tokens(ray_two_cpus, tmp_path, embedded_cache, monkeypatch):  # noqa: F811
+    """trainer.balance_ranks (on by default): at DP 2 every step places whole prompt groups so that the two ranks'
+    token counts are no further apart than in generation order, and says how far apart both were."""
+    monkeypatch.setenv("VERL_CACHE", embedded_cache)
+    cfg = tiny_config(
+        "grpo_tiny",
+        str(tmp_path),
+        "trainer.controller=ray",
+        "placement.devices_per_node=2",
+        "placement.pools=[{name: hybrid, roles: [actor, rollout]}]",
+        "rollout.n=2",
+        "actor.ppo_micro_batch_size_per_device=2",
+        ODD_LENGTH_REWARD,
+        steps=3,
+    )
+    summary, rows = fit(cfg)
+    assert summary["steps"] == 3
+    for row in rows:
+        assert 1.0 <= row["perf/rank_imbalance"] <= row["perf/rank_imbalance_before"]

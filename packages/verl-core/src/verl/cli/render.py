@@ -99,6 +99,11 @@ def _batch_lines(plan: Plan) -> List[str]:
             f"packed rows ({', '.join(plan.shared_prefix)}): the samples of a prompt are one sequence, its prompt "
             "computed once, and no padding (model.shared_prefix=false for padded rows)"
         )
+    if plan.balance_dp > 1:
+        lines.append(
+            f"balanced ranks: each step's prompt groups are placed on the actor's {plan.balance_dp} data-parallel "
+            "ranks by token count (trainer.balance_ranks=false keeps generation order)"
+        )
     if plan.ref_from_actor:
         lines.append("ref: the actor's own model with its LoRA adapters off (actor.lora; no second model)")
     if plan.lora_sync == "adapter":

@@ -146,6 +146,9 @@ class Plan:
     # LoRA actor with a rollout: what reaches the rollout after each update, "merged" (the base with the adapters
     # merged in) or "adapter" (the adapters alone, loaded by an engine with LoRA support: vllm); None otherwise
     lora_sync: Optional[str] = None
+    # trainer.balance_ranks: each step's prompt groups are placed on this many data-parallel ranks (the actor's)
+    # by token count; 1: the batch keeps the order it was generated in
+    balance_dp: int = 1
     controller: str = "ray"  # what runs the workers: trainer.controller, with auto resolved (_controller)
     controller_why: str = ""
     threads: Optional[int] = None  # CPU: torch threads of each worker process (None on GPUs)
@@ -320,6 +323,7 @@ def draft_plan(cfg: Any, total_steps: Optional[int] = None) -> Draft:
         shared_prefix=_shared_prefix_roles(cfg, layouts),
         ref_from_actor="ref" in roles and lora_rank(cfg, "actor") >= 1,
         lora_sync=value(cfg, "rollout.lora_sync") if "rollout" in roles and lora_rank(cfg, "actor") >= 1 else None,
+        balance_dp=_balance_dp(cfg, layouts),
     )
     plan = dataclasses.replace(plan, **_controller(cfg, plan))
     plan = dataclasses.replace(plan, **_threads(cfg, plan))
@@ -337,6 +341,14 @@ def _controller(cfg: DictConfig, plan: Plan) -> dict:
     if plan.world_size == 1:
         return {"controller": "local", "controller_why": "auto: one device, its workers in this process"}
     return {"controller": "ray", "controller_why": f"auto: {plan.world_size} devices, a Ray actor each"}
+
+
+def _balance_dp(cfg: DictConfig, layouts) -> int:
+    """The actor's data-parallel size when trainer.balance_ranks places groups by tokens across it, else 1."""
+    actor = next((layout for layout in layouts if layout.role == "actor"), None)
+    if actor is None or not value(cfg, "trainer.balance_ranks") or not isinstance(actor.dp, int):
+        return 1
+    return max(actor.dp, 1)
 
 
 def lora_rank(cfg: DictConfig, role: str) -> int:

@@ -393,6 +393,8 @@ class TrainerConfig:
     # for debugging with breakpoint())
     controller: str = one_of("auto", "auto", "ray", "local")
     plugins: List[str] = field(default_factory=list)  # modules imported first: custom registry entries
+    # place each step's prompt groups on the actor's data-parallel ranks by token count (a no-op at DP 1)
+    balance_ranks: bool = True
 
 
 @dataclass

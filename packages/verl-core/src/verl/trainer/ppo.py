@@ -32,6 +32,7 @@ from verl.data.build import make_rl_dataloaders
 from verl.protocol import DataProto
 from verl.reward import make_reward_manager
 from verl.tracking import Progress, Tracker
+from verl.trainer.balance import balance_batch
 from verl.trainer.checkpoint import CheckpointManager, checkpoint_root
 from verl.trainer.fingerprint import fingerprint
 from verl.trainer.shaping import add_overlong_penalty, first_groups, informative_groups
@@ -272,6 +273,11 @@ class PPOTrainer:
             with timer("gen"):
                 batch, sampling_metrics = self.dynamic_sampling(batch)
             metrics.update(sampling_metrics)
+        if self.plan.balance_dp > 1:  # whole prompt groups onto the data-parallel ranks, even in tokens
+            batch, balance_metrics = balance_batch(
+                batch, self.plan.balance_dp, shared_prefix="actor" in self.plan.shared_prefix
+            )
+            metrics.update(balance_metrics)
         with timer("log_probs"):
             batch = self.compute_log_probs(batch)
         b = batch.batch
