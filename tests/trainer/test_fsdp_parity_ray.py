@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from tests.support.engines import policy_batch
 from tests.support.run_configs import ODD_LENGTH_REWARD, fit, tiny_config
+from verl.cli import main
 from verl.config.plan import build_plan
 from verl.controller import make_worker_group, pools_from_plan
 from verl.embedded.models import materialize_embedded_model
 from verl.protocol import DataProto
 from verl.utils.shared_prefix import pack_shared_prefixes
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
+from verl_fsdp import backends, export  # noqa: F401  (what `verl export` discovers and runs)
 
 pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
 
@@ -38,7 +41,7 @@ def _batch(vocab: int) -> DataProto:
     return batch
 
 
-def _step(cfg, model_path: str, batch: DataProto):
+def _step(cfg, model_path: str, batch: DataProto, save_to: str | None = None):
     plan = build_plan(cfg, total_steps=10)
     pool = pools_from_plan(plan)["hybrid"]
     group = make_worker_group("ray", pool, ActorRolloutRefWorker, cfg, plan, model_path, roles=["actor"], role="actor")
@@ -46,6 +49,8 @@ def _step(cfg, model_path: str, batch: DataProto):
         group.call("init_model")
         metrics = group.call("update_actor", batch)
         state = group.call("actor_state")[0]
+        if save_to is not None:
+            group.call("save_checkpoint", save_to)
     finally:
         group.shutdown()
         pool.remove()
@@ -70,7 +75,7 @@ def test_world_two_equals_world_one(ray_two_cpus, tmp_path, embedded_cache):  # 
     for half in (slice(0, ROWS // 2), slice(ROWS // 2, ROWS)):  # each world-2 rank's rows pack
         assert pack_shared_prefixes(b["input_ids"][half], b["attention_mask"][half], b["position_ids"][half], R)
     m1, w1 = _step(one, model_path, batch)
-    m2, w2 = _step(two, model_path, batch)
+    m2, w2 = _step(two, model_path, batch, save_to=str(tmp_path / "ckpt"))
     assert len(m1) == 1 and len(m2) == 2  # one metrics dict per dp rank
     loss1 = m1[0]["actor/pg_loss"]
     loss2 = sum(m["actor/pg_loss"] for m in m2) / 2
@@ -82,6 +87,13 @@ def test_world_two_equals_world_one(ray_two_cpus, tmp_path, embedded_cache):  # 
         torch.testing.assert_close(w1[name], w2[name], rtol=0, atol=1e-6, msg=name)
         changed += int(not torch.equal(w1[name], materialize_reference(model_path)[name]))
     assert changed == len(w1)  # every parameter moved: the comparison is not of two untouched models
+
+    # `verl export` of the world-2 checkpoint, in this one process: the trained weights, bitwise
+    assert main(["export", str(tmp_path / "ckpt" / "actor"), str(tmp_path / "hf")]) == 0
+    exported = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    assert exported.keys() == w2.keys()
+    for name in w2:
+        assert torch.equal(exported[name], w2[name]), name
 
 
 _REF = {}
