@@ -86,6 +86,9 @@ def test_ppo_with_critic_reference_and_kl_in_reward(tmp_path):
     row = _metrics(tmp_path)[-1]
     for key in ("critic/vf_loss", "critic/grad_norm", "actor/reward_kl", "actor/reward_kl_coef", "actor/pg_loss"):
         assert key in row, key
+    # peak memory of each phase of the step (CPU: the process's resident set, here the driver's own)
+    for phase in ("gen", "log_probs", "update", "values", "critic_update"):
+        assert 0.1 < row[f"memory/{phase}_peak_gib"] < 24, phase
     ckpt = tmp_path / "checkpoints" / "step_2"
     assert (ckpt / "actor").is_dir() and (ckpt / "critic").is_dir()
 

@@ -421,7 +421,8 @@ class PPOTrainer:
 
 
 def _mean_over_ranks(per_rank: List[Dict[str, float]]) -> Dict[str, float]:
-    return {k: float(np.mean([r[k] for r in per_rank])) for k in per_rank[0]}
+    """The ranks' metrics averaged; memory peaks (memory/*) are the busiest rank's."""
+    return {k: float((np.max if k.startswith("memory/") else np.mean)([r[k] for r in per_rank])) for k in per_rank[0]}
 
 
 def format_summary(name: str, s: Dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from verl.config.plan import Plan
 from verl.controller import Dispatch, Worker, register
 from verl.protocol import DataProto
+from verl.utils.memory import PhasePeaks
 from verl.workers.engines import rollout_engine, train_engine
 from verl.workers.losses import actor_loss_fn
 from verl.workers.setup import setup_worker
@@ -90,6 +91,8 @@ class ActorRolloutRefWorker(Worker):
         self.init_distributed("gloo" if self.cfg.placement.device == "cpu" else "nccl")
         from transformers import AutoTokenizer
 
+        self.peaks = PhasePeaks(self.device)  # memory per phase, reported with the update's metrics
+
         plan = self.plan
         self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         if "actor" in self.roles:
@@ -125,44 +128,50 @@ class ActorRolloutRefWorker(Worker):
     @register(Dispatch.DP_COMPUTE, mesh="rollout")
     def generate(self, prompts: DataProto, n: int = 1, temperature: Optional[float] = None) -> DataProto:
         """n samples per prompt at `temperature` (None: rollout.temperature; 0: greedy)."""
-        return self._need("rollout").generate(prompts, n=n, temperature=temperature)
+        with self.peaks("gen"):
+            return self._need("rollout").generate(prompts, n=n, temperature=temperature)
 
     @register(Dispatch.DP_COMPUTE)
     def compute_log_probs(self, batch: DataProto) -> DataProto:
         """old_log_probs under the current actor, and ref_log_probs when this worker holds the reference: one
         call for both (entropy is measured in the update, where it is used)."""
         plan, out = self.plan, {}
-        for key, role in (("old_log_probs", "actor"), ("ref_log_probs", "ref")):
-            engine = getattr(self, role)
-            if engine is not None and plan.role(role) in plan.log_prob_passes:
-                infer = engine.infer(batch, temperature=plan.temperature, **pass_sizes(plan.role(role)))
-                out[key] = infer.batch["log_probs"]
+        with self.peaks("log_probs"):
+            for key, role in (("old_log_probs", "actor"), ("ref_log_probs", "ref")):
+                engine = getattr(self, role)
+                if engine is not None and plan.role(role) in plan.log_prob_passes:
+                    infer = engine.infer(batch, temperature=plan.temperature, **pass_sizes(plan.role(role)))
+                    out[key] = infer.batch["log_probs"]
         return DataProto.from_dict(out)
 
     @register(Dispatch.DP_COMPUTE)
     def update_actor(self, batch: DataProto, entropy: bool = True) -> Dict[str, float]:
         """The actor's PPO update on this rank's rows, then the weight sync into the colocated rollout.
 
-        entropy: measure it (always done when actor.entropy_coeff is set: it is then part of the loss)."""
+        entropy: measure it (always done when actor.entropy_coeff is set: it is then part of the loss).
+        Also reports the peak memory of this rank's phases since the last update (memory/<phase>_peak_gib: gen,
+        log_probs, update, weight_sync; GPU: torch's allocated bytes, CPU: the process's resident set)."""
         if self.rollout is not None:  # the hybrid engine: no generation memory held while the actor trains
             self.rollout.sleep()
         a, actor = self.cfg.actor, self.plan.role("actor")
-        metrics = run_minibatches(
-            self._need("actor"),
-            batch,
-            mini_rows=actor.rows_per_rank,
-            epochs=actor.train.epochs,
-            micro_rows=actor.train.micro,
-            max_tokens=actor.train.max_tokens,
-            loss_fn=actor_loss_fn(a),
-            temperature=self.plan.temperature,
-            entropy=entropy or bool(a.entropy_coeff),
-            entropy_grad=bool(a.entropy_coeff),  # fused kernels skip the entropy gradient when it is only logged
-        )
+        with self.peaks("update"):
+            metrics = run_minibatches(
+                self._need("actor"),
+                batch,
+                mini_rows=actor.rows_per_rank,
+                epochs=actor.train.epochs,
+                micro_rows=actor.train.micro,
+                max_tokens=actor.train.max_tokens,
+                loss_fn=actor_loss_fn(a),
+                temperature=self.plan.temperature,
+                entropy=entropy or bool(a.entropy_coeff),
+                entropy_grad=bool(a.entropy_coeff),  # fused kernels skip the entropy gradient when only logged
+            )
         metrics = {k if k.startswith("rollout/") else f"actor/{k}": v for k, v in metrics.items()}
         if self.rollout is not None:
-            metrics.update(self._sync_weights())
-        return metrics
+            with self.peaks("weight_sync"):
+                metrics.update(self._sync_weights())
+        return {**metrics, **self.peaks.take()}
 
     def _sync_weights(self) -> Dict[str, float]:
         """Push the actor's new weights into the rollout engine, in the rollout's layout; the pool's totals.

@@ -7,6 +7,7 @@ from typing import Any, Dict
 from verl.config.plan import Plan
 from verl.controller import Dispatch, Worker, register
 from verl.protocol import DataProto
+from verl.utils.memory import PhasePeaks
 from verl.workers.actor_rollout_ref import pass_sizes, run_minibatches
 from verl.workers.engines import train_engine
 from verl.workers.losses import critic_loss_fn
@@ -24,6 +25,7 @@ class CriticWorker(Worker):
     def init_model(self) -> None:
         setup_worker(self.cfg)
         self.init_distributed("gloo" if self.cfg.placement.device == "cpu" else "nccl")
+        self.peaks = PhasePeaks(self.device)  # memory per phase, reported with the update's metrics
         self.engine = train_engine(
             self.cfg,
             self.plan.role("critic"),
@@ -35,22 +37,26 @@ class CriticWorker(Worker):
 
     @register(Dispatch.DP_COMPUTE)
     def compute_values(self, batch: DataProto) -> DataProto:
-        out = self.engine.infer(batch, **pass_sizes(self.plan.role("critic")))
+        with self.peaks("values"):
+            out = self.engine.infer(batch, **pass_sizes(self.plan.role("critic")))
         return DataProto.from_dict({"values": out.batch["values"]})
 
     @register(Dispatch.DP_COMPUTE)
     def update_critic(self, batch: DataProto) -> Dict[str, float]:
+        """The critic's update; with the peak memory of its phases since the last one (memory/values_peak_gib,
+        memory/critic_update_peak_gib)."""
         critic = self.plan.role("critic")
-        metrics = run_minibatches(
-            self.engine,
-            batch,
-            mini_rows=critic.rows_per_rank,
-            epochs=critic.train.epochs,
-            micro_rows=critic.train.micro,
-            max_tokens=critic.train.max_tokens,
-            loss_fn=critic_loss_fn(self.cfg.critic),
-        )
-        return {f"critic/{k}": v for k, v in metrics.items()}
+        with self.peaks("critic_update"):
+            metrics = run_minibatches(
+                self.engine,
+                batch,
+                mini_rows=critic.rows_per_rank,
+                epochs=critic.train.epochs,
+                micro_rows=critic.train.micro,
+                max_tokens=critic.train.max_tokens,
+                loss_fn=critic_loss_fn(self.cfg.critic),
+            )
+        return {**{f"critic/{k}": v for k, v in metrics.items()}, **self.peaks.take()}
 
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
