@@ -7,13 +7,14 @@ import sys
 import pytest
 import torch
 
-from verl.utils.memory import PhasePeaks, peak_gib
+from verl.utils.memory import PhasePeaks, peak_gib, reset_peak
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the per-phase CPU peak reads Linux's /proc")
 def test_each_phase_reports_its_own_peak():
     peaks = PhasePeaks(torch.device("cpu"))
-    baseline = peak_gib(torch.device("cpu"))
+    reset_peak(torch.device("cpu"))
+    baseline = peak_gib(torch.device("cpu"))  # the resident set now
     with peaks("big"):
         big = torch.ones(256 * 2**20 // 4)  # 256 MiB, touched
         del big
