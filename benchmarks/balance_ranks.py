@@ -183,6 +183,13 @@ def main() -> None:
         lines.append(f"| {seed} | {order} | {n0:,} / {n1:,} | {t0:.2f} / {t1:.2f} | {max(t0, t1):.2f} |")
     ratio = statistics.mean(slow[False]) / statistics.mean(slow[True])
     lines += ["", f"Balanced ranks: **{ratio:.2f}x** the step rate in generation order (mean over the batches)."]
+    lines += [
+        "",
+        "Token counts are balanced, step times need not be: the FSDP engine computes each rank's chunk as packed",
+        "rows as wide as its longest prompt group's sequence (verl.utils.shared_prefix), so a rank's cost follows",
+        "rows x that width (and attention over it), not its tokens. Token balance pays where an engine's cost",
+        "follows tokens (variable-length attention without padded rows); `trainer.balance_ranks` is off by default.",
+    ]
     write_report(args.out, lines)
 
 

@@ -95,13 +95,14 @@ def test_the_plan_says_what_a_lora_actor_sends_its_rollout(tmp_path, capsys, ove
 
 
 def test_the_plan_says_when_ranks_are_balanced(tmp_path, capsys):
-    code, out, err = run(capsys, "validate", recipe(tmp_path))  # 2 devices: the actor at DP 2
+    on = "trainer.balance_ranks=true"
+    code, out, err = run(capsys, "validate", recipe(tmp_path), on)  # 2 devices: the actor at DP 2
     assert code == 0, err
     assert "balanced ranks: each step's prompt groups are placed on the actor's 2 data-parallel ranks" in out
-    code, out, err = run(capsys, "validate", recipe(tmp_path), "trainer.balance_ranks=false")
+    code, out, err = run(capsys, "validate", recipe(tmp_path))
     assert code == 0, err
-    assert "balanced ranks" not in out
-    code, out, err = run(capsys, "validate", recipe(tmp_path), "placement.devices_per_node=1")
+    assert "balanced ranks" not in out  # off by default
+    code, out, err = run(capsys, "validate", recipe(tmp_path), on, "placement.devices_per_node=1")
     assert code == 0, err
     assert "balanced ranks" not in out  # one rank: nothing to balance
 

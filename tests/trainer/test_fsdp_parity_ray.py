@@ -110,8 +110,8 @@ def materialize_reference(model_path: str) -> dict:
 
 
 def test_a_two_rank_run_balances_its_ranks_by_tokens(ray_two_cpus, tmp_path, embedded_cache, monkeypatch):  # noqa: F811
-    """trainer.balance_ranks (on by default): at DP 2 every step places whole prompt groups so that the two ranks'
-    token counts are no further apart than in generation order, and says how far apart both were."""
+    """trainer.balance_ranks: at DP 2 every step places whole prompt groups so that the two ranks' token counts
+    are no further apart than in generation order, and says how far apart both were."""
     monkeypatch.setenv("VERL_CACHE", embedded_cache)
     cfg = tiny_config(
         "grpo_tiny",
@@ -119,6 +119,7 @@ def test_a_two_rank_run_balances_its_ranks_by_tokens(ray_two_cpus, tmp_path, emb
         "trainer.controller=ray",
         "placement.devices_per_node=2",
         "placement.pools=[{name: hybrid, roles: [actor, rollout]}]",
+        "trainer.balance_ranks=true",
         "rollout.n=2",
         "actor.ppo_micro_batch_size_per_device=2",
         ODD_LENGTH_REWARD,

@@ -393,8 +393,10 @@ class TrainerConfig:
     # for debugging with breakpoint())
     controller: str = one_of("auto", "auto", "ray", "local")
     plugins: List[str] = field(default_factory=list)  # modules imported first: custom registry entries
-    # place each step's prompt groups on the actor's data-parallel ranks by token count (a no-op at DP 1)
-    balance_ranks: bool = True
+    # place each step's prompt groups on the actor's data-parallel ranks by token count (a no-op at DP 1). Off by
+    # default: today's engines compute padded or packed rows whose cost follows their shape, not their tokens
+    # (benchmarks/results/balance_ranks_cpu.md); it pays with variable-length attention
+    balance_ranks: bool = False
 
 
 @dataclass
