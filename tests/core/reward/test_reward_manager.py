@@ -447,3 +447,31 @@ def test_reward_model_without_forward_is_a_config_error(tokenizer):
         make_reward_manager(RewardConfig(model={"_target_": "builtins.dict"}), tokenizer)
     (problem,) = info.value.problems
     assert problem.key == "reward.model" and "no forward()" in problem.message
+
+
+# --------------------------------------------------------------------------- a reward_fn on whole token rows
+
+
+def test_a_reward_fn_on_token_rows_is_detected_by_its_signature_and_scores_the_rows(tokenizer):
+    """PPOTrainer(config, reward_fn=fn) with fn(input_ids, attention_mask) -> Tensor[B]: fn sees the whole rows
+    (prompt and response) and their mask; its scores go on each row's last response token."""
+    batch = make_batch(tokenizer, ["12", "345"], ["", ""])
+    b = batch.batch
+    b["input_ids"] = torch.cat([torch.full((2, 3), 7), b["responses"]], 1)
+    b["attention_mask"] = torch.cat([torch.ones(2, 3, dtype=torch.long), b["response_mask"]], 1)
+    seen = {}
+
+    def tokens_reward(input_ids, attention_mask):
+        seen["shapes"] = (tuple(input_ids.shape), tuple(attention_mask.shape))
+        return attention_mask.sum(-1).float() / 10  # the number of tokens, a tenth each
+
+    manager = make_reward_manager({}, tokenizer, reward_fn=tokens_reward)
+    assert manager.fn is None and manager.sequence_fn is tokens_reward
+    scores, _ = manager(batch)
+    assert seen["shapes"] == ((2, 11), (2, 11))
+    assert scores[0, 1].item() == pytest.approx(0.5) and scores[1, 2].item() == pytest.approx(0.6)
+    assert scores.sum().item() == pytest.approx(1.1)
+
+    manager = make_reward_manager({}, tokenizer, reward_fn=lambda input_ids, attention_mask: 1.0)  # not a Tensor
+    with pytest.raises(TypeError, match="must return a Tensor of shape"):
+        manager(batch)

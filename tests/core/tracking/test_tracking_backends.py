@@ -90,9 +90,24 @@ def test_prometheus_serves_gauges_on_a_free_port(tmp_path):
     assert samples["verl_reward_score_mean"] == 0.25
     assert samples["verl_step"] == 4.0
     assert "verl_actor_kl" not in samples  # inf skipped before it reached the gauge
+    # the documented names beside the native ones
+    assert samples["verl_ppo_reward_mean"] == 0.25
+    assert "verl_ppo_kl_divergence" not in samples  # from actor/kl, which was inf
     assert not any(name.startswith("python_") for name in samples)  # a private registry, no process metrics
     with pytest.raises(OSError):  # closed: nothing listens any more
         scrape(port)
+
+
+def test_prometheus_exports_the_documented_names(tmp_path):
+    cfg = TrackingConfig(loggers=["prometheus"], prometheus_port=0)
+    with Tracker(cfg, log_dir=str(tmp_path)) as tracker:
+        metrics = {"actor/ppo_kl": 0.02, "reward/score/mean": 0.75, "timing/gen_s": 1.5}
+        tracker.log(metrics, step=1)
+        samples = scrape(tracker.loggers["prometheus"].port)
+    assert samples["verl_ppo_kl_divergence"] == 0.02  # actor/kl absent: the PPO ratio's KL
+    assert samples["verl_ppo_reward_mean"] == 0.75
+    assert samples["verl_actor_generation_time"] == 1.5
+    assert samples["verl_actor_ppo_kl"] == 0.02 and samples["verl_timing_gen_s"] == 1.5  # the native ones too
 
 
 def _non_loopback_address() -> str | None:

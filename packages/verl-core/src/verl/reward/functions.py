@@ -104,6 +104,16 @@ def _check_signature(fn: RewardFn, key: str) -> None:
         ) from None
 
 
+def is_sequence_reward(fn: Any) -> bool:
+    """Whether `fn` scores whole token sequences, fn(input_ids, attention_mask) -> Tensor[B] (a callable whose
+    parameters are named so), rather than texts, fn(prompt, response, ground_truth, extra)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return callable(fn) and "input_ids" in params and "attention_mask" in params
+
+
 def _names() -> str:
     return ", ".join(sorted(REWARD_FNS))
 

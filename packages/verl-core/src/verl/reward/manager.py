@@ -35,7 +35,7 @@ import torch
 from verl.algos.utils import config_value
 from verl.config.instantiate import instantiate
 from verl.protocol import DataProto
-from verl.reward.functions import RewardFn, _describe, _error, get_reward_fn
+from verl.reward.functions import RewardFn, _describe, _error, get_reward_fn, is_sequence_reward
 
 __all__ = ["RewardFunctionError", "RewardManager", "make_reward_manager"]
 
@@ -71,12 +71,13 @@ class RewardManager:
         tokenizer: Any,
         clamp: tuple[float, float] | None = None,
         reward_model: Any = None,
+        sequence_fn: Any = None,
         num_workers: int = 0,
         on_error: str = "raise",
         error_score: float = 0.0,
     ):
-        if fn is None and reward_model is None:
-            raise ValueError("RewardManager needs a reward function (fn) or a reward_model, got neither")
+        if fn is None and reward_model is None and sequence_fn is None:
+            raise ValueError("RewardManager needs a reward function (fn), a sequence_fn or a reward_model, got none")
         if fn is not None and tokenizer is None:
             raise ValueError("RewardManager needs a tokenizer to decode responses for the reward function")
         if reward_model is not None and not callable(getattr(reward_model, "forward", None)):
@@ -85,6 +86,7 @@ class RewardManager:
         self.tokenizer = tokenizer
         self.clamp = _check_clamp(clamp)
         self.reward_model = reward_model
+        self.sequence_fn = sequence_fn  # fn(input_ids, attention_mask) -> Tensor[B] on the whole rows
         self.num_workers = num_workers
         if on_error not in ("raise", "score"):
             raise ValueError(f"on_error must be 'raise' or 'score', got {on_error!r}")
@@ -112,6 +114,12 @@ class RewardManager:
             metrics["reward/fn_errors"] = float(len(failures))
             for failure in failures[:_MAX_WARNINGS]:
                 logger.warning("%s\n  scored %s (reward.on_error=score)", failure, self.error_score)
+        if self.sequence_fn is not None:
+            with torch.no_grad():
+                out = self.sequence_fn(_tensor(batch, "input_ids"), _tensor(batch, "attention_mask"))
+            scores += self._finite(
+                _per_sample(out, n, f"reward_fn {_describe(self.sequence_fn)}"), "reward_fn", replaced
+            )
         if self.reward_model is not None:
             model_scores = self._finite(self._model_scores(batch, responses), "reward.model", replaced)
             metrics["reward/model_score/mean"] = _mean(model_scores.tolist())
@@ -193,16 +201,7 @@ class RewardManager:
         with torch.no_grad():
             # nn.Module.__call__ runs the module's hooks (FSDP gathers its parameters in one).
             out = model(prompts, responses) if isinstance(model, torch.nn.Module) else model.forward(prompts, responses)
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(f"reward.model forward returned {type(out).__name__}; it must return a Tensor of shape [B]")
-        if out.dim() == 2 and out.shape[1] == 1:
-            out = out[:, 0]
-        if tuple(out.shape) != (responses.shape[0],):
-            raise ValueError(
-                f"reward.model forward returned shape {tuple(out.shape)}; expected [{responses.shape[0]}] "
-                "(one score per sample)"
-            )
-        return out.detach().double().cpu()
+        return _per_sample(out, responses.shape[0], "reward.model forward")
 
     # ------------------------------------------------------------------ non-finite scores
 
@@ -236,11 +235,17 @@ class RewardManager:
 
 
 def make_reward_manager(reward_cfg: Any, tokenizer: Any, reward_fn: Any = None, **kwargs: Any) -> RewardManager:
-    """A RewardManager from the `reward` config section; `reward_fn` (name, mapping or callable) overrides `reward.fn`.
+    """A RewardManager from the `reward` config section; `reward_fn` (name, mapping or callable) overrides `reward.fn`
+    (a callable with parameters input_ids and attention_mask scores whole token rows, returning a Tensor[B]).
 
     Extra kwargs (e.g. num_workers) go to RewardManager.
     """
-    fn_spec = reward_fn if reward_fn is not None else config_value(reward_cfg, "fn")
+    # a reward_fn (texts, or whole token rows: fn(input_ids, attention_mask) -> Tensor[B]) stands in for reward.fn
+    sequence_fn = reward_fn if reward_fn is not None and is_sequence_reward(reward_fn) else None
+    if sequence_fn is not None:
+        fn_spec = None
+    else:
+        fn_spec = reward_fn if reward_fn is not None else config_value(reward_cfg, "fn")
     fn = get_reward_fn(fn_spec) if fn_spec is not None else None
     model_spec = config_value(reward_cfg, "model")
     model = instantiate(model_spec, key="reward.model") if model_spec is not None else None
@@ -250,7 +255,7 @@ def make_reward_manager(reward_cfg: Any, tokenizer: Any, reward_fn: Any = None, 
             f"built a {type(model).__name__}, which has no forward()",
             "point _target_ at a class with forward(prompt_ids, response_ids) -> Tensor[B]",
         )
-    if fn is None and model is None:
+    if fn is None and model is None and sequence_fn is None:
         raise _error(
             "reward.fn", "no reward is configured", "set reward.fn (e.g. gsm8k, math_boxed, arithmetic) or reward.model"
         )
@@ -262,10 +267,23 @@ def make_reward_manager(reward_cfg: Any, tokenizer: Any, reward_fn: Any = None, 
         "on_error": config_value(reward_cfg, "on_error", "raise"),
         "error_score": config_value(reward_cfg, "error_score", 0.0),
     }
-    return RewardManager(fn, tokenizer=tokenizer, clamp=clamp, reward_model=model, **errors, **kwargs)
+    return RewardManager(
+        fn, tokenizer=tokenizer, clamp=clamp, reward_model=model, sequence_fn=sequence_fn, **errors, **kwargs
+    )
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _per_sample(out: Any, n: int, origin: str) -> torch.Tensor:
+    """A scorer's output as n float64 scores on CPU: a Tensor of shape [n] (or [n, 1]), else a clear error."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{origin} returned {type(out).__name__}; it must return a Tensor of shape [B]")
+    if out.dim() == 2 and out.shape[1] == 1:
+        out = out[:, 0]
+    if tuple(out.shape) != (n,):
+        raise ValueError(f"{origin} returned shape {tuple(out.shape)}; expected [{n}] (one score per sample)")
+    return out.detach().double().cpu()
 
 
 def _parse_result(result: Any) -> _FnResult:

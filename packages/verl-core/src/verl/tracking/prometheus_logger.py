@@ -19,6 +19,13 @@ __all__ = ["PrometheusLogger", "prometheus_name"]
 logger = logging.getLogger(__name__)
 
 PREFIX = "verl_"
+# The names verl's documentation gives a few headline metrics, exported beside the native ones (each from the
+# first of its native keys logged): verl_ppo_kl_divergence, verl_ppo_reward_mean, verl_actor_generation_time.
+DOCUMENTED = {
+    "ppo/kl_divergence": ("actor/kl", "actor/ppo_kl"),
+    "ppo/reward_mean": ("reward/score/mean",),
+    "actor/generation_time": ("timing/gen_s",),
+}
 
 
 def prometheus_name(key: str) -> str:
@@ -58,7 +65,12 @@ class PrometheusLogger:
         return chosen
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        for key, value in metrics.items():
+        documented = {}
+        for alias, keys in DOCUMENTED.items():
+            found = next((k for k in keys if k in metrics), None)
+            if found is not None:
+                documented[alias] = metrics[found]
+        for key, value in {**metrics, **documented}.items():
             gauge = self._gauges[key] if key in self._gauges else self._new_gauge(key)
             if gauge is not None:
                 gauge.set(value)

@@ -403,6 +403,10 @@ class PPOTrainer:
             self.tracker.close()
         return self.summary(time.perf_counter() - run_start, tokens / max(step_seconds, 1e-9), first_step_s)
 
+    def train(self) -> Dict[str, Any]:
+        """`fit()`, under the name some of verl's documentation uses."""
+        return self.fit()
+
     def summary(self, seconds: float, tokens_per_s: float, first_step_s: Optional[float] = None) -> Dict[str, Any]:
         at = {v["step"]: v["val/accuracy"] for v in self.val_history}
         return {
