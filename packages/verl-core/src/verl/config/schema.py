@@ -364,6 +364,9 @@ class TrackingConfig:
     experiment: str = "run"
     wandb_mode: str = one_of("online", "online", "offline", "disabled")
     log_dir: Optional[str] = None  # None: <trainer.output_dir>/logs
+    # with the jsonl logger: <log_dir>/curves.png of reward, held-out accuracy and tokens/s when the run ends
+    # (needs matplotlib: pip install 'verl-core[plot]')
+    curves: bool = True
     prometheus_host: str = "127.0.0.1"  # the address the exporter listens on; 0.0.0.0: every interface
     prometheus_port: int = checked(
         9464, lambda p: 0 <= p <= 65535, "must be a port in [0, 65535] (0: any free port), got {v}", "set {key}=9464"

@@ -7,6 +7,8 @@ import os
 import time
 from typing import Any
 
+from verl.tracking.curves import write_curves
+
 __all__ = ["JsonlLogger"]
 
 FILENAME = "metrics.jsonl"
@@ -17,6 +19,7 @@ class JsonlLogger:
     `resume_at` has dropped the steps logged past its checkpoint (a killed run logged them; they rerun)."""
 
     def __init__(self, cfg: Any = None, *, run_config: dict | None = None, log_dir: str):
+        self.curves = bool(getattr(cfg, "curves", True))  # tracking.curves: curves.png beside the file at close
         os.makedirs(log_dir, exist_ok=True)
         self.path = os.path.join(log_dir, FILENAME)
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held open for the run, closed by close()
@@ -42,6 +45,8 @@ class JsonlLogger:
 
     def close(self) -> None:
         self._file.close()
+        if self.curves:
+            write_curves(self.path)
 
 
 def _step_of(line: str) -> int | None:
