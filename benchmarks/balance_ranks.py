@@ -22,45 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from machine import machine_line, write_report
+from packing import make_batch as grpo_batch  # long-tail GRPO rows, a uid per prompt
+from packing import make_model  # the same ~20M Llama
 
 HERE = Path(__file__).resolve().parent
-VOCAB = 2048
-
-
-def grpo_batch(prompts: int, n: int, max_response: int, seed: int):
-    """A rollout-shaped batch: each prompt's n samples adjacent (a uid per prompt), left-padded prompts of 16-64
-    tokens, right-padded responses of log-normal length in [8, max_response], random advantages."""
-    from verl.protocol import DataProto
-
-    g = torch.Generator().manual_seed(seed)
-    plens = torch.randint(16, 65, (prompts,), generator=g).tolist()
-    rlens = torch.exp(torch.randn(prompts * n, generator=g) + 4.5).clamp(8, max_response).long().tolist()
-    p, r = max(plens), max(rlens)
-    ids = torch.zeros(prompts * n, p + r, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, plen in enumerate(plens):
-        prompt = torch.randint(3, VOCAB, (plen,), generator=g)
-        for j in range(n):
-            row = i * n + j
-            ids[row, p - plen : p] = prompt
-            ids[row, p : p + rlens[row]] = torch.randint(3, VOCAB, (rlens[row],), generator=g)
-            mask[row, p - plen : p + rlens[row]] = 1
-    return DataProto.from_dict(
-        {
-            "input_ids": ids,
-            "attention_mask": mask,
-            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
-            "responses": ids[:, p:],
-            "response_mask": mask[:, p:],
-            "advantages": torch.randn(prompts * n, r, generator=g),
-        },
-        {"uid": np.array([f"p{i // n}" for i in range(prompts * n)], dtype=object)},
-    )
 
 
 def imbalance_table(batches: int) -> list:
@@ -70,28 +39,11 @@ def imbalance_table(batches: int) -> list:
     for dp in (2, 4, 8):
         before, after = [], []
         for seed in range(batches):
-            _, m = balance_batch(grpo_batch(32, 8, 1024, seed), dp, shared_prefix=True)
+            _, m = balance_batch(grpo_batch(seed, prompts=32, n=8, max_response=1024), dp, shared_prefix=True)
             before.append(m["perf/rank_imbalance_before"])
             after.append(m["perf/rank_imbalance"])
         rows.append((dp, statistics.mean(before), max(before), statistics.mean(after), max(after)))
     return rows
-
-
-def make_model(path: str) -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=512,
-        intermediate_size=1408,
-        num_hidden_layers=6,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(path)
 
 
 def _rank(rank: int, port: int, model: str, seed: int, balanced: bool, steps: int, results) -> None:
@@ -104,7 +56,7 @@ def _rank(rank: int, port: int, model: str, seed: int, balanced: bool, steps: in
     from verl_fsdp.engine import FSDPEngine
 
     engine = FSDPEngine(EngineConfig(model_path=model, optim=OptimConfig(lr=1e-6), total_steps=100))
-    batch = grpo_batch(8, 4, 512, seed)
+    batch = grpo_batch(seed, prompts=8, n=4, max_response=512)
     if balanced:
         batch, _ = balance_batch(batch, 2, shared_prefix=True)
     mine = batch.chunk(2)[rank]

@@ -51,20 +51,23 @@ def make_model(path: str) -> None:
     LlamaForCausalLM(cfg).save_pretrained(path)
 
 
-def make_batch(seed: int = 0):
-    """Rollout-shaped rows: each prompt N times, left-padded prompts, right-padded long-tail responses."""
+def make_batch(seed: int = 0, prompts: int = PROMPTS, n: int = N, max_response: int = MAX_RESPONSE):
+    """Rollout-shaped rows: each prompt n times (a uid per prompt), left-padded prompts of 16-64 tokens,
+    right-padded responses of log-normal length in [8, max_response], random advantages."""
+    import numpy as np
+
     from verl.protocol import DataProto
 
     g = torch.Generator().manual_seed(seed)
-    plens = torch.randint(16, 65, (PROMPTS,), generator=g).tolist()
-    rlens = torch.exp(torch.randn(PROMPTS * N, generator=g) * 1.0 + 4.5).clamp(8, MAX_RESPONSE).long().tolist()
+    plens = torch.randint(16, 65, (prompts,), generator=g).tolist()
+    rlens = torch.exp(torch.randn(prompts * n, generator=g) * 1.0 + 4.5).clamp(8, max_response).long().tolist()
     p = max(plens)
-    ids = torch.zeros(PROMPTS * N, p + MAX_RESPONSE, dtype=torch.long)
+    ids = torch.zeros(prompts * n, p + max_response, dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, plen in enumerate(plens):
         prompt = torch.randint(3, VOCAB, (plen,), generator=g)
-        for j in range(N):
-            row = i * N + j
+        for j in range(n):
+            row = i * n + j
             ids[row, p - plen : p] = prompt
             ids[row, p : p + rlens[row]] = torch.randint(3, VOCAB, (rlens[row],), generator=g)
             mask[row, p - plen : p + rlens[row]] = 1
@@ -78,8 +81,9 @@ def make_batch(seed: int = 0):
             "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
             "responses": ids[:, p:],
             "response_mask": mask[:, p:],
-            "advantages": torch.randn(PROMPTS * N, r, generator=g),
-        }
+            "advantages": torch.randn(prompts * n, r, generator=g),
+        },
+        {"uid": np.array([f"p{i // n}" for i in range(prompts * n)], dtype=object)},
     )
 
 

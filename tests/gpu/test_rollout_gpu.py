@@ -49,13 +49,9 @@ def rollout(request, gpu_world, llama_dir):
     return cls(
         cfg,
         model_path=llama_dir,
-        max_new_tokens=contract.R,
-        eos_token_id=contract.EOS,
-        pad_token_id=contract.PAD,
         device="cuda",
-        max_prompt_length=8,
         dtype="float32",
-        seed=3,
+        **contract.SETTINGS,
     )
 
 
@@ -103,13 +99,9 @@ def vllm_lora_rollout(gpu_world, llama_dir):
     return VLLMRollout(
         cfg,
         model_path=llama_dir,
-        max_new_tokens=contract.R,
-        eos_token_id=contract.EOS,
-        pad_token_id=contract.PAD,
         device="cuda",
-        max_prompt_length=8,
         dtype="float32",
-        seed=3,
+        **contract.SETTINGS,
         lora_rank=8,
     )
 

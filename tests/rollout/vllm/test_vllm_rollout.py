@@ -22,11 +22,7 @@ def rollout(gloo_world_one, llama_dir):  # noqa: F811
     return VLLMRollout(
         RolloutConfig(temperature=1.0, parallel=ParallelConfig(tp=1)),
         model_path=llama_dir,
-        max_new_tokens=contract.R,
-        eos_token_id=contract.EOS,
-        pad_token_id=contract.PAD,
-        max_prompt_length=8,
-        seed=3,
+        **contract.SETTINGS,
     )
 
 
