@@ -110,3 +110,5 @@ def test_export_refuses_what_is_not_a_megatron_checkpoint(tmp_path):
     assert out.returncode == 2 and "is not a checkpoint of the megatron engine" in out.stderr
     out = _verl("export", str(tmp_path), str(tmp_path / "hf"), "--backend", "fsdp")
     assert out.returncode == 2 and "is not a checkpoint of the fsdp engine" in out.stderr
+    out = _verl("export", str(tmp_path), str(tmp_path / "hf"), "--backend", "megatron", "--model", str(tmp_path))
+    assert out.returncode == 2 and "--model: a megatron checkpoint holds every weight" in out.stderr

@@ -51,3 +51,17 @@ def test_without_matplotlib_nothing_is_drawn_and_the_run_goes_on(tmp_path, monke
         assert write_curves(str(metrics)) is None
     assert "pip install 'verl-core[plot]'" in caplog.text
     assert not (tmp_path / "curves.png").exists()
+
+
+def test_a_drawing_that_fails_is_a_warning_not_a_failed_run(tmp_path, monkeypatch, caplog):
+    import verl.tracking.jsonl as jsonl
+
+    def broken(path):
+        raise RuntimeError("no fonts")
+
+    monkeypatch.setattr(jsonl, "write_curves", broken)
+    logger = JsonlLogger(None, log_dir=str(tmp_path))
+    logger.log({"reward/score/mean": 0.5}, step=1)
+    logger.close()  # does not raise
+    assert "curves.png was not written: RuntimeError: no fonts" in caplog.text
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1  # the metrics are all there

@@ -29,4 +29,3 @@ def test_each_phase_reports_its_own_peak():
     # the big tensor was freed before "small" started: its peak is its own, not the process's so far
     assert out["memory/small_peak_gib"] < out["memory/big_peak_gib"] - 0.2
     assert peaks.take() == {}  # taken: the next step starts over
-

@@ -32,7 +32,8 @@ class BackendSpec:
     engine: Optional[str] = None  # "module:Class" implementing verl.engine.TrainEngine / RolloutEngine
     # Optional tools of a train backend, loaded only when used ("module:function"):
     model_info: Optional[str] = None  # (model_path, parallel: dict, kind) -> lines describing the built model
-    exporter: Optional[str] = None  # (checkpoint_dir, out_dir) -> writes a Hugging Face folder
+    # (checkpoint_dir, out_dir, *, model_path=None) -> writes a Hugging Face folder; model_path: a moved base model
+    exporter: Optional[str] = None
 
     def missing_requirements(self) -> List[str]:
         return [m for m in self.requires if not _module_available(m)]

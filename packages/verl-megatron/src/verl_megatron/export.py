@@ -89,7 +89,9 @@ def _finish_names(shards, path: str) -> Dict[str, str]:
     return weight_map
 
 
-def export_checkpoint(checkpoint: str, out: str, *, shard_bytes: int = SHARD_BYTES) -> Dict[str, str]:
+def export_checkpoint(
+    checkpoint: str, out: str, *, model_path: Optional[str] = None, shard_bytes: int = SHARD_BYTES
+) -> Dict[str, str]:
     """An HF folder at `out` from a megatron engine checkpoint at `checkpoint` (written at any TP/PP).
 
     Runs in this process as a world of one (gloo): megatron's distributed checkpoint is loaded resharded to
@@ -101,6 +103,8 @@ def export_checkpoint(checkpoint: str, out: str, *, shard_bytes: int = SHARD_BYT
     from verl.utils.world_of_one import world_of_one
     from verl_megatron.engine import MegatronEngine
 
+    if model_path is not None:
+        raise ValueError("--model: a megatron checkpoint holds every weight and its model's config; it needs no base")
     meta = read_meta(checkpoint, "megatron")
     hf_dir = os.path.join(checkpoint, "hf_config")
     with world_of_one():

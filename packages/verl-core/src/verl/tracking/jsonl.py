@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from typing import Any
@@ -12,6 +13,7 @@ from verl.tracking.curves import write_curves
 __all__ = ["JsonlLogger"]
 
 FILENAME = "metrics.jsonl"
+logger = logging.getLogger(__name__)
 
 
 class JsonlLogger:
@@ -46,7 +48,10 @@ class JsonlLogger:
     def close(self) -> None:
         self._file.close()
         if self.curves:
-            write_curves(self.path)
+            try:
+                write_curves(self.path)
+            except Exception as e:  # a picture must never fail a run that trained
+                logger.warning("curves.png was not written: %s: %s", type(e).__name__, e)
 
 
 def _step_of(line: str) -> int | None:
