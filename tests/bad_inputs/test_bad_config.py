@@ -112,6 +112,29 @@ CASES = [
         "hf rollout loads no LoRA adapters",
     ),
     ("lora_sync_unknown", ["rollout.lora_sync=adapters"], "rollout.lora_sync", "adapter"),
+    # placement of a rollout apart from the actor, and the modes that overlap them
+    ("one_step_off_colocated", ["trainer.mode=one_step_off"], "trainer.mode", "pool of its own"),
+    ("mode_unknown", ["trainer.mode=one_step"], "trainer.mode", "one_step_off"),
+    (
+        "rollout_apart_local",
+        [
+            "placement.devices_per_node=2",
+            "placement.pools=[{{name: train, roles: [actor], devices: 1}}, {{name: gen, roles: [rollout]}}]",
+            "trainer.controller=local",
+        ],
+        "trainer.controller",
+        "Ray actors",
+    ),
+    (
+        "ref_apart_from_actor",
+        [
+            "actor.use_kl_loss=true",
+            "placement.devices_per_node=2",
+            "placement.pools=[{{name: train, roles: [actor, rollout], devices: 1}}, {{name: ref, roles: [ref]}}]",
+        ],
+        "placement.pools",
+        "reference must share the actor's pool",
+    ),
     ("unset_by_override", ["actor.optim.lr=???"], "actor.optim.lr", "sets no value"),
     # text of the recipe and overrides
     ("key_in_the_wrong_section", ["trainer.save_every=5"], "trainer.save_every", "checkpoint.save_every"),

@@ -11,7 +11,7 @@ from tests.support.fixtures import make_cfg
 from verl.backends import BackendSpec
 from verl.config import validate as validate_module
 from verl.config.schema import VerlConfig
-from verl.config.validate import validate
+from verl.config.validate import validate, validate_and_plan
 
 # Every backend installed, none needing a third-party module (so the tests do not depend on the path),
 # except sglang, whose library is not installed here.
@@ -143,14 +143,29 @@ def test_pool_left_without_devices_by_the_pools_before_it():
 
 
 def not_hybrid(problems):
-    """The problems besides the hybrid-engine one (these tests place the reference in a pool of its own)."""
-    return [p for p in problems if "hybrid engine" not in p.message]
+    """The problems besides the reference's (these tests place the reference in a pool of its own)."""
+    return [p for p in problems if "must share the actor's pool" not in p.message]
 
 
-def test_actor_rollout_and_ref_share_one_pool():
+def test_the_reference_shares_the_actors_pool():
     pools = [{"name": "a", "roles": ["actor", "rollout"], "devices": 2}, {"name": "b", "roles": ["ref"]}]
     p = only(check({"ref": {"enable": True}, "placement": {"devices_per_node": 4, "pools": pools}}))
-    assert p.key == "placement.pools" and "hybrid engine" in p.message and "ref in 'b'" in p.message
+    assert p.key == "placement.pools" and "must share the actor's pool" in p.message and "ref in 'b'" in p.message
+
+
+def test_a_rollout_may_have_a_pool_of_its_own_and_overlap_generation():
+    pools = [{"name": "train", "roles": ["actor", "ref"], "devices": 2}, {"name": "gen", "roles": ["rollout"]}]
+    cfg = {"ref": {"enable": True}, "placement": {"devices_per_node": 4, "pools": pools}}
+    for mode in ("sync", "one_step_off"):
+        problems = check({**cfg, "trainer": {"mode": mode}})
+        assert not [p for p in problems if p.severity == "error"], [p.format() for p in problems]
+    plan, _ = validate_and_plan(make_cfg(cfg, {"trainer": {"mode": "one_step_off"}}), installed=INSTALLED)
+    assert plan.rollout_apart and plan.mode == "one_step_off" and not plan.colocated("rollout", "actor")
+    assert plan.pool("rollout").ranks == range(2, 4) and plan.layout("rollout").dp == 2
+    # ... but overlap needs devices of its own
+    hybrid = [{"name": "a", "roles": ["actor", "rollout", "ref"]}]
+    p = only(check({"ref": {"enable": True}, "trainer": {"mode": "one_step_off"}, "placement": {"pools": hybrid}}))
+    assert p.key == "trainer.mode" and "pool of its own" in p.fix
 
 
 def test_idle_devices_are_a_warning():

@@ -110,6 +110,23 @@ def _batch_lines(plan: Plan) -> List[str]:
         lines.append("weight sync: the LoRA adapters alone, loaded by the rollout's LoRA support (rollout.lora_sync)")
     elif plan.lora_sync == "merged":
         lines.append("weight sync: the base weights with the LoRA adapters merged in (rollout.lora_sync)")
+    if plan.rollout_apart:
+        rollout, actor = plan.pool("rollout"), plan.pool("actor")
+        lines.append(
+            f"weight sync: pool '{actor.name}' -> pool '{rollout.name}' over a transfer group (the actor's rank 0 "
+            f"and the rollout's {_count(rollout.size, 'rank')}, {'gloo' if plan.device == 'cpu' else 'nccl'}), "
+            "full tensors in buckets (rollout.weight_sync_bucket_mb)"
+        )
+    if plan.mode == "one_step_off":
+        lines.append(
+            "mode: one_step_off: the rollout generates step k+1's batch while the actor trains on step k's (samples "
+            "one update old; the actor's log-probs are the proximal policy's)"
+        )
+    elif plan.rollout_apart:
+        lines.append(
+            "mode: sync: each step generates on the rollout's pool, then trains (trainer.mode=one_step_off "
+            "overlaps them)"
+        )
     return lines
 
 

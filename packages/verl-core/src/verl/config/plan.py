@@ -149,6 +149,8 @@ class Plan:
     # trainer.balance_ranks: each step's prompt groups are placed on this many data-parallel ranks (the actor's)
     # by token count; 1: the batch keeps the order it was generated in
     balance_dp: int = 1
+    # trainer.mode: sync (generate, then train) or one_step_off (the next batch generated while the actor trains)
+    mode: str = "sync"
     controller: str = "ray"  # what runs the workers: trainer.controller, with auto resolved (_controller)
     controller_why: str = ""
     threads: Optional[int] = None  # CPU: torch threads of each worker process (None on GPUs)
@@ -195,6 +197,11 @@ class Plan:
 
     def colocated(self, a: str, b: str) -> bool:
         return self.has(a) and self.has(b) and self.pool(a) == self.pool(b)
+
+    @property
+    def rollout_apart(self) -> bool:
+        """The rollout has a pool of its own (disaggregated): its weights arrive over a transfer group."""
+        return self.has("rollout") and self.has("actor") and not self.colocated("rollout", "actor")
 
     def optimizer_steps(self, role: str) -> int:
         """Optimizer steps `role` takes over the whole run: what its LR schedule spans."""
@@ -324,6 +331,7 @@ def draft_plan(cfg: Any, total_steps: Optional[int] = None) -> Draft:
         ref_from_actor="ref" in roles and lora_rank(cfg, "actor") >= 1,
         lora_sync=value(cfg, "rollout.lora_sync") if "rollout" in roles and lora_rank(cfg, "actor") >= 1 else None,
         balance_dp=_balance_dp(cfg, layouts),
+        mode=str(value(cfg, "trainer.mode") or "sync"),
     )
     plan = dataclasses.replace(plan, **_controller(cfg, plan))
     plan = dataclasses.replace(plan, **_threads(cfg, plan))

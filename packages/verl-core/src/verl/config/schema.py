@@ -290,6 +290,8 @@ class RolloutConfig:
     # adapters merged in; any engine) or adapter (the adapters alone, served by the engine's LoRA support: vllm)
     lora_sync: str = one_of("merged", "merged", "adapter")
     val_temperature: float = _temperature(0.0)  # sampling temperature of validation; 0: greedy
+    # a rollout on a pool of its own receives the actor's weights over a collective group in buckets of this size
+    weight_sync_bucket_mb: int = at_least(256, 1)
 
 
 @dataclass
@@ -400,6 +402,10 @@ class TrainerConfig:
     # default: today's engines compute padded or packed rows whose cost follows their shape, not their tokens
     # (benchmarks/results/balance_ranks_cpu.md); it pays with variable-length attention
     balance_ranks: bool = False
+    # sync: every step generates, then trains (the rollout waits for the update, the actor for generation).
+    # one_step_off: the rollout, on a pool of its own, generates step k+1's batch with the weights of step k-1's
+    # update while the actor trains on step k (samples one update old; old log-probs recomputed by the actor)
+    mode: str = one_of("sync", "sync", "one_step_off")
 
 
 @dataclass

@@ -106,18 +106,52 @@ def check_placement(ctx: Context) -> List[ConfigProblem]:
 
 
 def check_hybrid_engine(ctx: Context) -> List[ConfigProblem]:
-    """The actor, its rollout and the reference share one pool: the hybrid engine (the only placement yet)."""
-    pools = {role: pool for role, pool in ctx.draft.role_pool if role in ("actor", "rollout", "ref") and pool}
-    if len(set(pools.values())) <= 1:
-        return []
-    where = ", ".join(f"{role} in '{pool}'" for role, pool in pools.items())
-    return [
-        error_at(
-            "placement.pools",
-            f"the actor, rollout and ref must share one pool (the hybrid engine) in this version; got {where}",
-            "list them in the same placement.pools entry",
+    """The actor and its reference share one pool (the reference computes on the actor's slice of each batch).
+    The rollout shares it too (the hybrid engine) or has a pool of its own (disaggregated), which needs Ray
+    workers, a rollout that receives full weights, and lets generation overlap training (trainer.mode)."""
+    pools = dict(ctx.draft.role_pool)
+    problems = []
+    if "ref" in pools and "actor" in pools and pools["ref"] != pools["actor"]:
+        problems.append(
+            error_at(
+                "placement.pools",
+                f"the reference must share the actor's pool; got actor in '{pools['actor']}', ref in '{pools['ref']}'",
+                "list ref in the actor's placement.pools entry",
+            )
         )
-    ]
+    apart = "rollout" in pools and "actor" in pools and pools["rollout"] != pools["actor"]
+    mode = value(ctx.cfg, "trainer.mode")
+    if apart and value(ctx.cfg, "trainer.controller") == "local":
+        problems.append(
+            error_at(
+                "trainer.controller",
+                f"the rollout has a pool of its own ('{pools['rollout']}'), whose workers run beside the actor's as "
+                "Ray actors; the local controller runs every worker in this one process",
+                "set trainer.controller=auto (or ray), or list rollout in the actor's pool",
+            )
+        )
+    if apart and value(ctx.cfg, "rollout.lora_sync") == "adapter" and lora_rank(ctx.cfg, "actor") >= 1:
+        problems.append(
+            error_at(
+                "rollout.lora_sync",
+                "adapter: a rollout on a pool of its own receives full (merged) weights over the transfer group",
+                "set rollout.lora_sync=merged, or list rollout in the actor's pool",
+            )
+        )
+    if mode in OVERLAP_MODES and not apart and "rollout" in pools:
+        problems.append(
+            error_at(
+                "trainer.mode",
+                f"{mode} generates the next batch while the actor trains, which needs the rollout on devices of its "
+                f"own; here it shares pool '{pools['rollout']}' with the actor",
+                "give the rollout a pool of its own, e.g. placement.pools=[{name: train, roles: [actor], devices: 1}, "
+                "{name: gen, roles: [rollout]}] with placement.devices_per_node=2, or set trainer.mode=sync",
+            )
+        )
+    return problems
+
+
+OVERLAP_MODES = ("one_step_off",)  # trainer.mode values where generation runs beside training
 
 
 def _cuda_available() -> bool:

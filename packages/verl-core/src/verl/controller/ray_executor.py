@@ -137,11 +137,16 @@ class RayExecutor:
         }
 
     def run(self, role: str, method: str, per_rank: list[RankCall]) -> list:
-        refs = [
+        return self.wait(role, method, self.launch(role, method, per_rank))
+
+    def launch(self, role: str, method: str, per_rank: list[RankCall]) -> list[ray.ObjectRef]:
+        return [
             getattr(actor, method).remote(*args, **kwargs)
             for actor, (args, kwargs) in zip(self.actors, _put_shared(per_rank))
         ]
-        return collect(role, method, refs)
+
+    def wait(self, role: str, method: str, handle: list[ray.ObjectRef]) -> list:
+        return collect(role, method, handle)
 
     def shutdown(self) -> None:
         for actor in self.actors:

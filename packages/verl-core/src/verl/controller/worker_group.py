@@ -48,11 +48,18 @@ PASSED_ENV = ("RAY_AUTH_MODE",)
 
 
 class Executor(Protocol):
-    """Runs one method on every rank of a group with that rank's arguments; every rank's result."""
+    """Runs one method on every rank of a group with that rank's arguments; every rank's result.
+
+    `launch` starts a call and returns at once (Ray) or after running it (in-process); `wait` returns its
+    results (raising WorkerError as `run` does). `run` is the two in one."""
 
     world_size: int
 
     def run(self, role: str, method: str, per_rank: list[RankCall]) -> list: ...
+
+    def launch(self, role: str, method: str, per_rank: list[RankCall]) -> Any: ...
+
+    def wait(self, role: str, method: str, handle: Any) -> list: ...
 
     def shutdown(self) -> None: ...
 
@@ -82,8 +89,21 @@ def payload_bytes(value: Any) -> int:
     return 0
 
 
+class PendingCall:
+    """A call started on a worker group (`WorkerGroup.submit`); `result()` waits for it, once."""
+
+    def __init__(self, finish: Callable[[], Any]) -> None:
+        self._finish, self._done, self._value = finish, False, None
+
+    def result(self) -> Any:
+        if not self._done:
+            self._value, self._done = self._finish(), True
+        return self._value
+
+
 class WorkerGroup:
-    """The ranks of one worker class, called as one: `call` for registered methods, `call_all` for any."""
+    """The ranks of one worker class, called as one: `call` for registered methods, `call_all` for any;
+    `submit` starts a registered call without waiting (two pools working at once)."""
 
     def __init__(self, executor: Executor, worker_cls: type[Worker], role: str) -> None:
         self.executor, self.worker_cls, self.role = executor, worker_cls, role
@@ -94,12 +114,27 @@ class WorkerGroup:
 
     def call(self, method: Callable | str, *args: Any, **kwargs: Any) -> Any:
         """Call a registered worker method on the ranks its dispatch says, with the arguments split as it says."""
+        return self.submit(method, *args, **kwargs).result()
+
+    def submit(self, method: Callable | str, *args: Any, **kwargs: Any) -> PendingCall:
+        """`call`, started now and gathered when its `result()` is asked for: the driver can start work on
+        another group meanwhile (a rollout pool generating while the actor's trains). A worker runs its calls in
+        the order they were submitted. In-process (local) groups run the call before returning."""
         name = self._registered(method)
         spec = self.methods[name]
         label = f"{self.role}.{name}"
         infos = self._dispatch_infos(spec.mesh) if spec.dispatch is Dispatch.DP_COMPUTE else None
         per_rank = split(spec.dispatch, label, args, kwargs, self.world_size, infos)
-        return gather(spec.dispatch, label, self._run(name, per_rank), infos)
+        self.stats.calls += 1
+        self.stats.bytes_sent += payload_bytes(per_rank)
+        handle = self.executor.launch(self.role, name, per_rank)
+
+        def finish() -> Any:
+            results = self.executor.wait(self.role, name, handle)
+            self.stats.bytes_received += payload_bytes(results)
+            return gather(spec.dispatch, label, results, infos)
+
+        return PendingCall(finish)
 
     def call_all(self, method: Callable | str, *args: Any, **kwargs: Any) -> list:
         """Call any worker method (registered or not) on every rank with the same arguments; every rank's result."""
@@ -219,6 +254,19 @@ class LocalExecutor:
         except Exception as err:
             raise WorkerError(role, method, {0: _local_traceback(err)}, {0: err}, 1) from err
         return [copy.deepcopy(result)]
+
+    def launch(self, role: str, method: str, per_rank: list[RankCall]) -> Any:
+        """Run the call now (one process: nothing runs beside the driver); its results or its error wait."""
+        try:
+            return self.run(role, method, per_rank), None
+        except WorkerError as err:
+            return None, err
+
+    def wait(self, role: str, method: str, handle: Any) -> list:
+        results, err = handle
+        if err is not None:
+            raise err
+        return results
 
     def shutdown(self) -> None:
         self.worker = None

@@ -3,6 +3,9 @@
 generate -> reward -> old log-probs -> reference log-probs -> values -> advantages ->
 critic update -> actor update -> weight sync -> metrics -> checkpoint / validate
 
+With trainer.mode=one_step_off the rollout (on a pool of its own) generates the next step's batch while the actor
+trains on this one: `next_rollout` hands out the batch started a step earlier and starts the next.
+
 The loop is plain sequential Python in the driver; workers do the heavy work. Every algorithm choice
 (advantage estimator, policy loss, KL) is a registry name from the recipe, not a branch here.
 """
@@ -44,6 +47,7 @@ from verl.utils.rng import get_rng_state, set_rng_state
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from verl.workers.columns import CRITIC_UPDATE, MODEL_INPUTS, PROMPTS, actor_update_columns
 from verl.workers.critic import CriticWorker
+from verl.workers.rollout import RolloutWorker
 
 logger = logging.getLogger(__name__)
 
@@ -137,26 +141,63 @@ class PPOTrainer:
         self.dp = plan.layout("rollout").dp  # validation pads its prompts to a multiple of this
         self.step = 0
         self.rollouts = 0  # generate() calls: part of every uid, so groups of different batches never merge
+        self.ahead: Optional[PendingRollout] = None  # one_step_off: the next step's batch, generating
+        self.rollout_gen_s = 0.0  # seconds the rollout's own pool generated, of the batches collected this step
         self.val_history: List[Dict[str, float]] = []
 
     # ---- the stages of one step ---------------------------------------------------------------------
+    def next_rollout(self) -> DataProto:
+        """This step's generated batch. sync: generated now. one_step_off: the one started during the last step
+        (by the weights before that step's update), and the next step's is started now, to generate while this one
+        trains (its prompts are read from the data now, so a checkpoint's data position includes them)."""
+        pending = self.ahead or self.submit_generate(self.train_loader.next_batch())
+        self.ahead = None
+        if self.plan.mode == "one_step_off" and self.step + 1 < self.plan.total_steps:
+            self.ahead = self.submit_generate(self.train_loader.next_batch())
+        return pending.result()
+
     def generate(self, prompts: DataProto) -> DataProto:
+        return self.submit_generate(prompts).result()
+
+    def submit_generate(self, prompts: DataProto) -> "PendingRollout":
+        """Start generating rollout.n samples per prompt; the result is the whole batch (with its text columns)."""
         # One uid per prompt: group estimators (GRPO, RLOO) compare the samples that share it.
         self.rollouts += 1
         uids = [f"{self.step}-{self.rollouts}-{i}" for i in range(len(prompts))]
         prompts.non_tensor_batch["uid"] = np.array(uids, dtype=object)
-        batch = self.sample(prompts, n=self.cfg.rollout.n)
-        if "reward_baselines" in estimator_requires(self.cfg.algorithm.adv_estimator):
-            batch.batch["reward_baselines"] = self.greedy_baselines(prompts)
-        return batch
+        pending = self.submit_sample(prompts, n=self.cfg.rollout.n)
+
+        def finish() -> DataProto:
+            batch = pending()
+            if "reward_baselines" in estimator_requires(self.cfg.algorithm.adv_estimator):
+                batch.batch["reward_baselines"] = self.greedy_baselines(prompts)
+            return batch
+
+        return PendingRollout(finish)
 
     def sample(self, prompts: DataProto, n: int, temperature: Optional[float] = None) -> DataProto:
-        """n responses per prompt (samples of a prompt adjacent). Only the prompt tensors travel to the workers;
-        the text columns (raw prompts, ground truths, uids) stay here and are repeated alongside."""
-        out = self.workers.actor_rollout.call(
-            ActorRolloutRefWorker.generate, prompts.select(PROMPTS, []), n=n, temperature=temperature
-        )
-        return out.union(prompts.select([], None).repeat(n, interleave=True))
+        return self.submit_sample(prompts, n, temperature)()
+
+    def submit_sample(self, prompts: DataProto, n: int, temperature: Optional[float] = None) -> Callable[[], DataProto]:
+        """Start sampling n responses per prompt (samples of a prompt adjacent); returns what waits for them. Only
+        the prompt tensors travel to the workers; the text columns (raw prompts, ground truths, uids) stay here and
+        are repeated alongside. The rollout's own pool generates when it has one, else the actor's workers do."""
+        inputs = prompts.select(PROMPTS, [])
+        if self.workers.rollout is not None:
+            call = self.workers.rollout.submit(RolloutWorker.generate, inputs, n=n, temperature=temperature)
+        else:
+            call = self.workers.actor_rollout.submit(
+                ActorRolloutRefWorker.generate, inputs, n=n, temperature=temperature
+            )
+        text = prompts.select([], None).repeat(n, interleave=True)
+
+        def finish() -> DataProto:
+            out = call.result()
+            seconds = [out.meta_info.pop(k) for k in [k for k in out.meta_info if k.startswith("gen_s/")]]
+            self.rollout_gen_s += max(seconds, default=0.0)  # the slowest replica's: how long the pool was busy
+            return out.union(text)
+
+        return finish
 
     def greedy_baselines(self, prompts: DataProto) -> torch.Tensor:
         """ReMax's baseline: the reward of each prompt's greedy response, repeated for its n samples."""
@@ -253,6 +294,11 @@ class PPOTrainer:
         )
         return metrics
 
+    def sync_rollout(self) -> Dict[str, float]:
+        """A rollout on its own pool gets the updated weights (policy version = updates so far); a colocated
+        one got them at the end of the actor's update."""
+        return self.workers.sync_weights(self.step + 1) if self.workers.rollout is not None else {}
+
     def entropy_due(self) -> bool:
         """Whether this step's update measures the policy's entropy as a metric: on the first, the last and every
         actor.entropy_every-th step (not free for a large vocabulary). The worker computes it on every step where
@@ -261,12 +307,12 @@ class PPOTrainer:
         return every > 0 and (step % every == 0 or step in (1, self.plan.total_steps))
 
     # ---- one step, validation, checkpoints ----------------------------------------------------------
-    def train_step(self, prompts: DataProto) -> Dict[str, float]:
+    def train_step(self) -> Dict[str, float]:
         timer = StageTimer()
         self.workers.take_stats()  # count this step's calls only (not validation's or a checkpoint's)
         start = time.perf_counter()
-        with timer("gen"):
-            batch = self.generate(prompts)
+        with timer("gen"):  # with one_step_off: the wait for a batch generated beside the last step
+            batch = self.next_rollout()
         with timer("reward"):
             metrics = self.score(batch)
         if self.cfg.algorithm.filter_groups.enable:
@@ -278,6 +324,7 @@ class PPOTrainer:
                 batch, self.plan.balance_dp, shared_prefix="actor" in self.plan.shared_prefix
             )
             metrics.update(balance_metrics)
+        metrics_of_rollout = rollout_metrics(batch, self.step)
         with timer("log_probs"):
             batch = self.compute_log_probs(batch)
         b = batch.batch
@@ -288,7 +335,16 @@ class PPOTrainer:
             metrics.update(self.compute_advantages(batch))
         with timer("update"):
             metrics.update(self.update(batch))
+        with timer("weight_sync"):  # a rollout on its own pool: waits for its generation to finish, then loads
+            metrics.update(self.sync_rollout())
         step_s = time.perf_counter() - start
+        metrics.update(metrics_of_rollout)
+        if self.workers.rollout is not None:  # how busy each pool was over the step
+            train_s = sum(timer.metrics().get(f"timing/{k}_s", 0.0) for k in ("log_probs", "adv", "update"))
+            metrics["perf/train_busy_fraction"] = min(1.0, train_s / step_s)
+            metrics["perf/rollout_busy_fraction"] = min(1.0, self.rollout_gen_s / step_s)
+            metrics["timing/rollout_gen_s"] = self.rollout_gen_s
+        self.rollout_gen_s = 0.0
         metrics.update(
             data_metrics(
                 response_mask=b["response_mask"],
@@ -332,6 +388,8 @@ class PPOTrainer:
             self.workers.actor_rollout.call(ActorRolloutRefWorker.save_checkpoint, path)
             if self.workers.critic is not None:
                 self.workers.critic.call(CriticWorker.save_checkpoint, path)
+            if self.workers.rollout is not None:
+                self.workers.rollout.call(RolloutWorker.save_checkpoint, path)
 
         state = {
             "step": self.step,
@@ -339,6 +397,10 @@ class PPOTrainer:
             "kl_coef": self.kl_ctrl.value if self.kl_ctrl is not None else None,
             "rng": get_rng_state(),
             "val_history": self.val_history,
+            "rollouts": self.rollouts,
+            # one_step_off: the next step's batch, generated by the weights before this step's update (its prompts
+            # are already past the data position); resuming trains on it, as the uninterrupted run would
+            "ahead": batch_state(self.ahead.result()) if self.ahead is not None else None,
         }
         return self.checkpoints.save(self.step, write, state, run=self.fingerprint)
 
@@ -359,6 +421,13 @@ class PPOTrainer:
             self.kl_ctrl.value = state["kl_coef"]
         set_rng_state(state["rng"])
         self.val_history = state["val_history"]
+        self.rollouts = state.get("rollouts", self.rollouts)
+        if self.workers.rollout is not None:  # its sampler's state, then the restored actor's weights
+            self.workers.rollout.call(RolloutWorker.load_checkpoint, path)
+            self.workers.sync_weights(self.step)
+        if state.get("ahead") is not None:
+            ahead = batch_from_state(state["ahead"])
+            self.ahead = PendingRollout(lambda: ahead)
         self.tracker.resume_at(self.step)  # each step appears once in the logs, however often the run was killed
         logger.info("resumed from %s at step %d", path, self.step)
         print(f"verl: resumed from {path} (step {self.step})", flush=True)
@@ -380,8 +449,7 @@ class PPOTrainer:
         progress = Progress(total)
         try:
             while self.step < total:
-                prompts = self.train_loader.next_batch()
-                metrics = self.train_step(prompts)
+                metrics = self.train_step()
                 self.step += 1
                 if first_step_s is None:  # start-up included: imports, Ray, workers, model loading
                     first_step_s = seconds_since_start()
@@ -389,7 +457,9 @@ class PPOTrainer:
                 step_seconds += metrics["timing/step_s"]
                 last = self.step == total
                 if (t.val_every and self.step % t.val_every == 0) or last:  # the last: the summary's "after"
+                    val_start = time.perf_counter()
                     metrics.update(self.validate())
+                    metrics["timing/val_s"] = time.perf_counter() - val_start
                 if self.step % t.log_every == 0 or last:
                     self.tracker.log(metrics, step=self.step)
                 progress.update(self.step, metrics)
@@ -422,6 +492,60 @@ class PPOTrainer:
         self.workers.shutdown()
         if self.started_ray:
             shutdown_ray()
+
+
+class PendingRollout:
+    """A batch being generated (`PPOTrainer.submit_generate`); `result()` waits for it, once."""
+
+    def __init__(self, finish: Callable[[], DataProto]):
+        self._finish, self._batch = finish, None
+
+    def result(self) -> DataProto:
+        if self._batch is None:
+            self._batch = self._finish()
+        return self._batch
+
+
+def _plain(value: Any) -> Any:
+    """numpy values as plain Python ones (what a checkpoint loaded with weights_only=True may hold)."""
+    if isinstance(value, np.ndarray):
+        return [_plain(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def batch_state(batch: DataProto) -> Dict[str, Any]:
+    """A generated batch as tensors and plain values, for the trainer state of a checkpoint."""
+    return {
+        "tensors": {k: v.clone() for k, v in batch.batch.items()},
+        "non_tensors": {k: _plain(v) for k, v in batch.non_tensor_batch.items()},
+        "meta": _plain(dict(batch.meta_info)),
+    }
+
+
+def batch_from_state(state: Dict[str, Any]) -> DataProto:
+    non_tensors = {}
+    for key, rows in state["non_tensors"].items():
+        column = np.empty(len(rows), dtype=object)
+        for i, row in enumerate(rows):  # (one by one: numpy would broadcast rows that are equal-length lists)
+            column[i] = row
+        non_tensors[key] = column
+    return DataProto.from_dict(state["tensors"], non_tensors, state["meta"])
+
+
+def rollout_metrics(batch: DataProto, version: int) -> Dict[str, float]:
+    """From a batch generated on the rollout's own pool: how many updates behind the trainer's policy (`version`)
+    its samples are (async/staleness_mean, _max). Removes the per-sample `weight_version` column. Empty for a
+    colocated rollout's batch (always on-policy)."""
+    if "weight_version" not in batch.batch.keys():
+        return {}
+    staleness = (version - batch.batch.pop("weight_version")).float()
+    return {"async/staleness_mean": float(staleness.mean()), "async/staleness_max": float(staleness.max())}
 
 
 def _mean_over_ranks(per_rank: List[Dict[str, float]]) -> Dict[str, float]:

@@ -1,4 +1,7 @@
-"""Start the role workers a run's plan asks for: one worker group per role class, on the pool of its roles."""
+"""Start the role workers a run's plan asks for: one worker group per role class, on the pool of its roles.
+
+A rollout on a pool of its own (disaggregated) gets a group of `RolloutWorker`s and a transfer group joining the
+actor's rank 0 with every rollout rank, over which `sync_weights` moves each update's weights."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from verl.config.plan import Plan
 from verl.controller import make_worker_group, pools_from_plan
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from verl.workers.critic import CriticWorker
+from verl.workers.rollout import RolloutWorker
 
 
 @dataclass
@@ -16,10 +20,26 @@ class Workers:
     actor_rollout: Any  # a worker group of ActorRolloutRefWorker
     critic: Optional[Any]  # a worker group of CriticWorker, when the run has a critic
     pools: List[Any] = field(default_factory=list)  # the run's resource pools, released at shutdown
+    rollout: Optional[Any] = None  # a worker group of RolloutWorker, when the rollout has a pool of its own
+    bucket_bytes: int = 256 << 20  # rollout.weight_sync_bucket_mb
 
     @property
     def groups(self) -> List[Any]:
-        return [g for g in (self.actor_rollout, self.critic) if g is not None]
+        return [g for g in (self.actor_rollout, self.critic, self.rollout) if g is not None]
+
+    def sync_weights(self, version: int) -> Dict[str, float]:
+        """Send the actor's weights (policy `version`) to the rollout's own pool and wait until it has loaded them
+        (a rollout still generating finishes first: a worker runs its calls in order). Metrics: the bytes, the
+        sender's seconds and GB/s, buckets, and the version every rollout rank holds (rollout/weight_version,
+        the lowest)."""
+        sent = self.actor_rollout.submit(ActorRolloutRefWorker.send_weights, version, self.bucket_bytes)
+        received = self.rollout.submit(RolloutWorker.receive_weights)
+        sender, receivers = sent.result()[0], received.result()
+        return {
+            **sender,
+            "timing/weight_sync_s": max(r["timing/weight_sync_s"] for r in receivers),
+            "rollout/weight_version": min(r["rollout/weight_version"] for r in receivers),
+        }
 
     def take_stats(self) -> Dict[str, float]:
         """Round trips to the workers and bytes shipped each way since the last take, over every group:
@@ -54,11 +74,32 @@ def start_workers(cfg: Any, plan: Plan, *, model_path: str, tokenizer_path: Opti
             mode, pool, worker_cls, cfg, plan, model_path, *args, role=role, env=env, resource_fraction=fraction
         )
 
-    actor_rollout = group(ActorRolloutRefWorker, "actor", tokenizer_path, role="actor_rollout")
+    apart = plan.rollout_apart
+    roles = [r for r in ("actor", "rollout", "ref") if plan.has(r) and not (apart and r == "rollout")]
+    actor_rollout = group(ActorRolloutRefWorker, "actor", tokenizer_path, roles, role="actor_rollout")
     critic = group(CriticWorker, "critic", role="critic") if plan.has("critic") else None
-    actor_rollout.call(ActorRolloutRefWorker.init_model)
-    actor_rollout.refresh_dispatch_info("rollout")  # the layouts, read now rather than in the first step
+    rollout = group(RolloutWorker, "rollout", tokenizer_path, role="rollout") if apart else None
+    # Each pool's workers initialise at once (the models load side by side).
+    started = [
+        g.submit(cls.init_model)
+        for g, cls in ((actor_rollout, ActorRolloutRefWorker), (rollout, RolloutWorker))
+        if g is not None
+    ]
+    for pending in started:
+        pending.result()
+    actor_rollout.refresh_dispatch_info(*([] if apart else ["rollout"]))  # the layouts, read now
     if critic is not None:
         critic.call(CriticWorker.init_model)
         critic.refresh_dispatch_info()
-    return Workers(actor_rollout, critic, list(pools.values()))
+    workers = Workers(actor_rollout, critic, list(pools.values()), rollout, cfg.rollout.weight_sync_bucket_mb << 20)
+    if rollout is not None:
+        rollout.refresh_dispatch_info("rollout")
+        endpoint = actor_rollout.call(ActorRolloutRefWorker.weight_transfer_endpoint)[0]
+        world = 1 + rollout.world_size
+        joins = [
+            actor_rollout.submit(ActorRolloutRefWorker.join_weight_transfer, endpoint["host"], endpoint["port"], world),
+            rollout.submit(RolloutWorker.join_weight_transfer, endpoint["host"], endpoint["port"], world),
+        ]
+        for pending in joins:
+            pending.result()
+    return workers

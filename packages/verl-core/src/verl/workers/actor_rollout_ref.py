@@ -15,11 +15,13 @@ import torch.distributed as dist
 
 from verl.config.plan import Plan
 from verl.controller import Dispatch, Worker, register
+from verl.controller.worker import free_port
 from verl.protocol import DataProto
 from verl.utils.memory import PhasePeaks
 from verl.workers.engines import rollout_engine, train_engine
 from verl.workers.losses import actor_loss_fn
 from verl.workers.setup import setup_worker
+from verl.workers.weight_transfer import join_transfer_group, send_weights
 
 ROLES = ("actor", "rollout", "ref")
 
@@ -197,6 +199,36 @@ class ActorRolloutRefWorker(Worker):
             "perf/weight_sync_comm_bytes": float(totals[1]),
             "timing/weight_sync_s": float(seconds[0]),
         }
+
+    # ---- a rollout on a pool of its own: weights go out over the transfer group ------------------------------
+    @register(Dispatch.ONE_TO_ALL)
+    def weight_transfer_endpoint(self) -> Dict[str, Any]:
+        """Where rank 0 hosts the transfer group's rendezvous: this node's address and a free port."""
+        return {"host": self.master_addr, "port": free_port()}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def join_weight_transfer(self, host: str, port: int, world: int) -> None:
+        """Rank 0 joins the transfer group as its sender (rank 0); the other ranks only help assemble tensors."""
+        self.transfer = None
+        if self.rank == 0:
+            backend = "gloo" if self.cfg.placement.device == "cpu" else "nccl"
+            self.transfer = join_transfer_group(host, port, 0, world, backend)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def send_weights(self, version: int, bucket_bytes: int) -> Dict[str, float]:
+        """Stream the actor's full weights to the rollout pool (collective with `RolloutWorker.receive_weights`;
+        every actor rank takes part in assembling them, rank 0 sends)."""
+        actor = self._need("actor")
+        device = self.device if self.cfg.placement.device != "cpu" else torch.device("cpu")
+        with self.peaks("weight_sync"):
+            stats = send_weights(
+                getattr(self, "transfer", None),
+                actor.weights(),
+                version=version,
+                device=device,
+                bucket_bytes=bucket_bytes,
+            )
+        return {**stats.metrics(), "perf/weight_sync_comm_bytes": float(actor.sync_received_bytes())}
 
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:

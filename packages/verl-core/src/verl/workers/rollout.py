@@ -1,0 +1,103 @@
+"""RolloutWorker: a rollout engine on a pool of its own (disaggregated from the actor).
+
+It holds its own copy of the policy and generates with it; after each actor update the new weights arrive over
+the transfer group (`verl.workers.weight_transfer`) from the actor's rank 0, and the worker records which policy
+version it holds. Every generated sample carries that version (the `weight_version` column) and each replica
+reports the seconds it took (`meta_info["gen_s/<dp rank>"]`), so the trainer measures staleness and how busy
+the pool was.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Dict, Optional
+
+import torch
+
+from verl.config.plan import Plan
+from verl.controller import Dispatch, Worker, register
+from verl.protocol import DataProto
+from verl.utils.memory import PhasePeaks
+from verl.utils.rng import get_rng_state, safe_load, set_rng_state
+from verl.workers.engines import rollout_engine
+from verl.workers.setup import setup_worker
+from verl.workers.weight_transfer import TransferStats, join_transfer_group, receive_weights
+
+
+class RolloutWorker(Worker):
+    def __init__(self, config: Any, plan: Plan, model_path: str, tokenizer_path: Optional[str] = None):
+        super().__init__()
+        self.cfg, self.plan, self.model_path = config, plan, model_path
+        self.tokenizer_path = tokenizer_path or model_path
+        self.engine = None
+        self.transfer = None  # this rank's member of the transfer group, once joined
+        self.version = 0  # the policy version of the weights held: the actor's updates before them
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        setup_worker(self.cfg)
+        self.init_distributed("gloo" if self.cfg.placement.device == "cpu" else "nccl")
+        from transformers import AutoTokenizer
+
+        self.peaks = PhasePeaks(self.device)
+        tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+        self.engine = rollout_engine(self.cfg, self.plan, model_path=self.model_path, tokenizer=tokenizer, actor=None)
+        # `tp` consecutive ranks form one generation engine, get the same prompts, and its first rank returns them.
+        layout = self.plan.layout("rollout")
+        coords = layout.coords(self.rank)
+        self.set_dispatch_info(coords.dp, layout.dp, coords.tp == 0, mesh="rollout")
+
+    @register(Dispatch.DP_COMPUTE, mesh="rollout")
+    def generate(self, prompts: DataProto, n: int = 1, temperature: Optional[float] = None) -> DataProto:
+        """n samples per prompt at `temperature` (None: rollout.temperature; 0: greedy), tagged with the version
+        of the weights that produced them."""
+        start = time.perf_counter()
+        with self.peaks("gen"):
+            out = self.engine.generate(prompts, n=n, temperature=temperature)
+        out.batch["weight_version"] = torch.full((len(out),), self.version, dtype=torch.long)
+        out.meta_info[f"gen_s/{self.dispatch_info('rollout')['dp_rank']}"] = time.perf_counter() - start
+        return out
+
+    @register(Dispatch.ONE_TO_ALL)
+    def join_weight_transfer(self, host: str, port: int, world: int) -> None:
+        """Join the transfer group as rank 1 + this rank (the actor's rank 0 sends)."""
+        backend = "gloo" if self.cfg.placement.device == "cpu" else "nccl"
+        self.transfer = join_transfer_group(host, port, 1 + self.rank, world, backend)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def receive_weights(self) -> Dict[str, float]:
+        """Load the weights the actor's rank 0 is sending (collective with `ActorRolloutRefWorker.send_weights`)."""
+        if self.transfer is None:
+            raise RuntimeError("receive_weights before join_weight_transfer: the transfer group is not set up")
+        stats = TransferStats()
+        device = self.device if self.cfg.placement.device != "cpu" else torch.device("cpu")
+        with self.peaks("weight_sync"):
+            self.engine.update_weights(receive_weights(self.transfer, device, stats))
+        self.version = stats.version
+        return {**stats.metrics(), "rollout/weight_version": float(self.version)}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def weight_version(self) -> int:
+        return self.version
+
+    @register(Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        """The sampler's random state and weight version of this rank (the weights are the actor's: re-sent)."""
+        folder = os.path.join(path, "rollout")
+        os.makedirs(folder, exist_ok=True)
+        torch.save({"rng": get_rng_state(), "version": self.version}, os.path.join(folder, f"rank{self.rank}.pt"))
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        state = safe_load(os.path.join(path, "rollout", f"rank{self.rank}.pt"))
+        set_rng_state(state["rng"])
+        self.version = int(state["version"])
+
+    @register(Dispatch.ONE_TO_ALL)
+    def rollout_state(self) -> Dict[str, torch.Tensor]:
+        """The engine's own parameters on CPU (hf engine): tests compare them with the actor's after a sync."""
+        module = getattr(self.engine, "module", None)
+        if module is None:
+            raise RuntimeError(f"{type(self.engine).__name__} exposes no module to read its weights from")
+        return {k: v.detach().cpu().clone() for k, v in module.named_parameters()}
