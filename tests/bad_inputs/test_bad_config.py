@@ -115,6 +115,30 @@ CASES = [
     # placement of a rollout apart from the actor, and the modes that overlap them
     ("one_step_off_colocated", ["trainer.mode=one_step_off"], "trainer.mode", "pool of its own"),
     ("mode_unknown", ["trainer.mode=one_step"], "trainer.mode", "one_step_off"),
+    ("async_colocated", ["trainer.mode=async"], "trainer.mode", "pool of its own"),
+    ("negative_staleness", ["trainer.max_staleness=-1"], "trainer.max_staleness", ">= 0"),
+    (
+        "async_with_a_tp2_rollout",
+        [
+            "trainer.mode=async",
+            "rollout.parallel.tp=2",
+            "placement.devices_per_node=3",
+            "placement.pools=[{{name: train, roles: [actor], devices: 1}}, {{name: gen, roles: [rollout]}}]",
+        ],
+        "rollout.parallel.tp",
+        "tp=1 replicas",
+    ),
+    (
+        "async_with_remax",
+        [
+            "trainer.mode=async",
+            "algorithm.adv_estimator=remax",
+            "placement.devices_per_node=2",
+            "placement.pools=[{{name: train, roles: [actor], devices: 1}}, {{name: gen, roles: [rollout]}}]",
+        ],
+        "algorithm.adv_estimator",
+        "greedy baseline",
+    ),
     (
         "rollout_apart_local",
         [

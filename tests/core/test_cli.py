@@ -107,6 +107,35 @@ def test_the_plan_says_when_ranks_are_balanced(tmp_path, capsys):
     assert "balanced ranks" not in out  # one rank: nothing to balance
 
 
+APART = "placement.pools=[{name: train, roles: [actor], devices: 1}, {name: gen, roles: [rollout]}]"
+
+
+@pytest.mark.parametrize(
+    "overrides, lines",
+    [
+        (
+            [APART],
+            [
+                "weight sync: pool 'train' -> pool 'gen' over a transfer group (the actor's rank 0 and the rollout's "
+                "1 rank, gloo)",
+                "mode: sync: each step generates on the rollout's pool, then trains",
+                "1 device in pool 'gen' (node 0)",
+            ],
+        ),
+        ([APART, "trainer.mode=one_step_off"], ["mode: one_step_off: the rollout generates step k+1's batch"]),
+        (
+            [APART, "trainer.mode=async", "trainer.max_staleness=3"],
+            ["mode: async: the rollout service (1 replica) generates up to 3 batch(es) ahead"],
+        ),
+    ],
+)
+def test_the_plan_shows_a_rollout_apart_and_the_mode(tmp_path, capsys, overrides, lines):
+    code, out, err = run(capsys, "validate", recipe(tmp_path), *overrides)  # 2 devices: one pool each
+    assert code == 0, err
+    for line in lines:
+        assert line in out
+
+
 def test_load_errors_exit_2_without_traceback(tmp_path, capsys):
     code, out, err = run(capsys, "validate", recipe(tmp_path, RECIPE + "actr: {}\n"))
     assert code == 2 and "actr" in err

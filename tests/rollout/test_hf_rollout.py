@@ -9,8 +9,8 @@ from tests.support.engines import gloo_world_one, llama_dir, make_llama_dir  # n
 from verl.config.schema import OptimConfig, RolloutConfig
 from verl.engine import EngineConfig
 from verl.protocol import DataProto
+from verl.rollout_batch import response_mask_until_eos
 from verl_fsdp.engine import FSDPEngine
-from verl_rollout.batch import response_mask_until_eos
 from verl_rollout.hf import HFRollout
 
 EOS, PAD = 2, 0

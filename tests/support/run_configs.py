@@ -66,3 +66,16 @@ def raising_reward(prompt: str, response: str, ground_truth: str, extra: dict) -
 def string_reward(prompt: str, response: str, ground_truth: str, extra: dict) -> str:
     """A reward function returning the wrong type."""
     return "correct"
+
+
+def recording_reward(prompt: str, response: str, ground_truth: str, extra: dict) -> float:
+    """odd_length_reward, also appending each scored prompt to the file $VERL_TEST_PROMPT_LOG (what a run trained
+    on, in order of scoring)."""
+    import os
+
+    with open(os.environ["VERL_TEST_PROMPT_LOG"], "a") as f:
+        f.write(prompt.replace("\n", " ") + "\n")
+    return float(len(response) % 2)
+
+
+RECORDING_REWARD = "reward.fn={_target_: tests.support.run_configs.recording_reward}"

@@ -140,8 +140,11 @@ class RolloutEngine(Protocol):
         worker holds none); `settings` are `verl.workers.engines.rollout_settings` (lengths, token ids,
         device, dtype, seed). An engine takes what it uses from them."""
 
-    def generate(self, prompts: DataProto, *, n: int, temperature: Optional[float] = None) -> DataProto:
-        """Sample at `temperature` (None: the recipe's rollout.temperature; 0: greedy).
+    def generate(
+        self, prompts: DataProto, *, n: int, temperature: Optional[float] = None, max_new_tokens: int = 0
+    ) -> DataProto:
+        """Sample at `temperature` (None: the recipe's rollout.temperature; 0: greedy), at most `max_new_tokens`
+        per sample (0: the run's response length; the rollout service generates in chunks of fewer).
 
         prompts: input_ids/attention_mask/position_ids [B, P]. Returns B*n rows (samples of one prompt
         adjacent) with input_ids, attention_mask, position_ids, prompts, responses, response_mask and

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 
 from verl.engine import Weights
 from verl.protocol import DataProto
-from verl_rollout.batch import assemble_rollout
+from verl.rollout_batch import assemble_rollout
 
 
 class HFRollout:
@@ -55,11 +55,11 @@ class HFRollout:
         keep = ("max_new_tokens", "eos_token_id", "pad_token_id", "device")
         return cls(cfg, model_path=model_path, **{k: settings[k] for k in keep}, **shared)
 
-    def _generation_config(self, temperature: float) -> GenerationConfig:
+    def _generation_config(self, temperature: float, max_new_tokens: int) -> GenerationConfig:
         sample = temperature > 0
         kwargs = dict(
             do_sample=sample,
-            max_new_tokens=self.max_new_tokens,
+            max_new_tokens=max_new_tokens,
             eos_token_id=self.eos_ids,
             pad_token_id=self.pad_token_id,
             use_cache=True,
@@ -75,7 +75,10 @@ class HFRollout:
         return GenerationConfig(**kwargs)
 
     @torch.no_grad()
-    def generate(self, prompts: DataProto, *, n: int = 1, temperature: Optional[float] = None) -> DataProto:
+    def generate(
+        self, prompts: DataProto, *, n: int = 1, temperature: Optional[float] = None, max_new_tokens: int = 0
+    ) -> DataProto:
+        """max_new_tokens: this call's limit (0: the run's); the responses are that wide."""
         if self._released is not None:
             raise RuntimeError(
                 "the rollout's weights were released (sleep, while the actor trained); sync the actor's weights "
@@ -89,6 +92,7 @@ class HFRollout:
         mask = prompts.batch["attention_mask"].to(self.device)
         p = ids.shape[1]
         temperature = self.cfg.temperature if temperature is None else temperature
+        width = max_new_tokens or self.max_new_tokens
         was_training = self.module.training
         self.module.eval()
         with self.gather():
@@ -98,7 +102,7 @@ class HFRollout:
             out = self.module.generate(
                 input_ids=ids,
                 attention_mask=mask,
-                generation_config=self._generation_config(temperature),
+                generation_config=self._generation_config(temperature, width),
                 **({"cache": cache} if cache is not None else {}),
             )
         self.module.train(was_training)
@@ -109,7 +113,7 @@ class HFRollout:
         log_probs = torch.log_softmax(logits, -1).gather(-1, responses.to(logits.device).unsqueeze(-1)).squeeze(-1)
         # Fixed width R = max_new_tokens; rows that stopped early were padded by generate (the mask ends at eos).
         generated = responses.shape[1]
-        pad = self.max_new_tokens - generated
+        pad = width - generated
         responses = torch.nn.functional.pad(responses, (0, pad), value=self.pad_token_id)
         log_probs = torch.nn.functional.pad(log_probs.cpu(), (0, pad), value=0.0)
         lengths = torch.full((len(responses),), generated)

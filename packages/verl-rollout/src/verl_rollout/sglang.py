@@ -18,7 +18,7 @@ import torch
 
 from verl.engine import Weights
 from verl.protocol import DataProto
-from verl_rollout.batch import assemble_rollout, pad_rows, unpadded_prompts
+from verl.rollout_batch import assemble_rollout, pad_rows, unpadded_prompts
 
 BUCKET_BYTES = 512 << 20
 
@@ -85,18 +85,21 @@ class SGLangRollout:
         settings.pop("lora_rank", None)
         return cls(cfg, model_path=model_path, **settings)
 
-    def _sampling(self, temperature: float) -> dict:
+    def _sampling(self, temperature: float, max_new_tokens: int) -> dict:
         sample = temperature > 0
         return {
             "temperature": float(temperature) if sample else 0.0,
             "top_p": float(self.cfg.top_p) if sample else 1.0,
             "top_k": int(self.cfg.top_k) if sample and self.cfg.top_k > 0 else -1,
-            "max_new_tokens": self.max_new_tokens,
+            "max_new_tokens": max_new_tokens,
             "stop_token_ids": self.eos_ids,
         }
 
     @torch.no_grad()
-    def generate(self, prompts: DataProto, *, n: int = 1, temperature: Optional[float] = None) -> DataProto:
+    def generate(
+        self, prompts: DataProto, *, n: int = 1, temperature: Optional[float] = None, max_new_tokens: int = 0
+    ) -> DataProto:
+        """max_new_tokens: this call's limit (0: the run's); the responses are that wide."""
         if self.weights_stale:
             raise RuntimeError(
                 "the rollout's weights were released (sleep, while the actor trained); sync the actor's weights "
@@ -108,15 +111,16 @@ class SGLangRollout:
         if n > 1:
             prompts = prompts.repeat(n, interleave=True)
         temperature = self.cfg.temperature if temperature is None else temperature
+        width = max_new_tokens or self.max_new_tokens
         outputs = self.engine.generate(
-            input_ids=unpadded_prompts(prompts), sampling_params=self._sampling(temperature), return_logprob=True
+            input_ids=unpadded_prompts(prompts), sampling_params=self._sampling(temperature, width), return_logprob=True
         )
         tokens, log_probs = [], []
         for out in outputs:
             tokens.append(list(out["output_ids"]))
             log_probs.append([lp for lp, _tok, _text in out["meta_info"]["output_token_logprobs"]])
-        responses = pad_rows(tokens, self.max_new_tokens, self.pad_token_id, torch.long)
-        lp = pad_rows(log_probs, self.max_new_tokens, 0.0, torch.float32)
+        responses = pad_rows(tokens, width, self.pad_token_id, torch.long)
+        lp = pad_rows(log_probs, width, 0.0, torch.float32)
         lengths = torch.tensor([len(t) for t in tokens])
         return assemble_rollout(prompts, responses, lp, lengths, eos_ids=self.eos_ids)
 

@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from verl.engine import Weights
 from verl.protocol import DataProto
-from verl_rollout.batch import assemble_rollout, pad_rows, unpadded_prompts
+from verl.rollout_batch import assemble_rollout, pad_rows, unpadded_prompts
 
 # Set before vLLM is imported: the engine core must live in this process (the weight iterator and the
 # actor's tensors cannot cross a process boundary), and a CPU build otherwise reserves 4 GiB of KV cache.
@@ -136,21 +136,24 @@ class VLLMRollout:
         """From the run's settings (`verl.workers.engines.rollout_settings`); vLLM keeps its own weights."""
         return cls(cfg, model_path=model_path, **settings)
 
-    def _sampling(self, n: int, temperature: float) -> SamplingParams:
+    def _sampling(self, n: int, temperature: float, max_tokens: int) -> SamplingParams:
         sample = temperature > 0
         return SamplingParams(
             n=n,
             temperature=float(temperature) if sample else 0.0,
             top_p=float(self.cfg.top_p) if sample else 1.0,
             top_k=int(self.cfg.top_k) if sample and self.cfg.top_k > 0 else 0,
-            max_tokens=self.max_new_tokens,
+            max_tokens=max_tokens,
             stop_token_ids=self.eos_ids,
             logprobs=0,  # the sampled token's log-prob only
             detokenize=False,
         )
 
     @torch.no_grad()
-    def generate(self, prompts: DataProto, *, n: int = 1, temperature: Optional[float] = None) -> DataProto:
+    def generate(
+        self, prompts: DataProto, *, n: int = 1, temperature: Optional[float] = None, max_new_tokens: int = 0
+    ) -> DataProto:
+        """max_new_tokens: this call's limit (0: the run's); the responses are that wide."""
         if self.weights_discarded:
             raise RuntimeError(
                 "the rollout's weights were discarded (sleep, while the actor trained); sync the actor's weights "
@@ -158,12 +161,13 @@ class VLLMRollout:
             )
         self._wake_kv_cache()
         temperature = self.cfg.temperature if temperature is None else temperature
+        width = max_new_tokens or self.max_new_tokens
         # vLLM treats temperature 0 as greedy, and samples n > 1 only at random: greedy copies are separate requests
         if n > 1 and temperature <= 0:
             prompts, n = prompts.repeat(n, interleave=True), 1
         requests = [TokensPrompt(prompt_token_ids=ids) for ids in unpadded_prompts(prompts)]
         outputs = self.llm.generate(
-            requests, self._sampling(n, temperature), use_tqdm=False, lora_request=self.lora_request
+            requests, self._sampling(n, temperature, width), use_tqdm=False, lora_request=self.lora_request
         )
         tokens, log_probs = [], []
         for out in outputs:  # vLLM returns requests in submission order, each with its n samples
@@ -174,8 +178,8 @@ class VLLMRollout:
                 log_probs.append([step[tok].logprob for step, tok in zip(sample.logprobs, sample.token_ids)])
         if n > 1:
             prompts = prompts.repeat(n, interleave=True)
-        responses = pad_rows(tokens, self.max_new_tokens, self.pad_token_id, torch.long)
-        lp = pad_rows(log_probs, self.max_new_tokens, 0.0, torch.float32)
+        responses = pad_rows(tokens, width, self.pad_token_id, torch.long)
+        lp = pad_rows(log_probs, width, 0.0, torch.float32)
         lengths = torch.tensor([len(t) for t in tokens])
         return assemble_rollout(prompts, responses, lp, lengths, eos_ids=self.eos_ids)
 

@@ -122,6 +122,13 @@ def _batch_lines(plan: Plan) -> List[str]:
             "mode: one_step_off: the rollout generates step k+1's batch while the actor trains on step k's (samples "
             "one update old; the actor's log-probs are the proximal policy's)"
         )
+    elif plan.mode == "async":
+        lines.append(
+            f"mode: async: the rollout service ({_count(plan.pool('rollout').size, 'replica')}) generates up to "
+            f"{plan.max_staleness} batch(es) ahead; weights reach it between its turns, samples midway continue "
+            f"under them (trainer.max_staleness={plan.max_staleness}: no sample trains on a policy more updates "
+            "newer than the oldest that sampled it)"
+        )
     elif plan.rollout_apart:
         lines.append(
             "mode: sync: each step generates on the rollout's pool, then trains (trainer.mode=one_step_off "

@@ -151,6 +151,7 @@ class Plan:
     balance_dp: int = 1
     # trainer.mode: sync (generate, then train) or one_step_off (the next batch generated while the actor trains)
     mode: str = "sync"
+    max_staleness: int = 1  # trainer.mode=async: the bound on a sample's policy lag (trainer.max_staleness)
     controller: str = "ray"  # what runs the workers: trainer.controller, with auto resolved (_controller)
     controller_why: str = ""
     threads: Optional[int] = None  # CPU: torch threads of each worker process (None on GPUs)
@@ -332,6 +333,7 @@ def draft_plan(cfg: Any, total_steps: Optional[int] = None) -> Draft:
         lora_sync=value(cfg, "rollout.lora_sync") if "rollout" in roles and lora_rank(cfg, "actor") >= 1 else None,
         balance_dp=_balance_dp(cfg, layouts),
         mode=str(value(cfg, "trainer.mode") or "sync"),
+        max_staleness=int(value(cfg, "trainer.max_staleness") or 0),
     )
     plan = dataclasses.replace(plan, **_controller(cfg, plan))
     plan = dataclasses.replace(plan, **_threads(cfg, plan))

@@ -292,6 +292,10 @@ class RolloutConfig:
     val_temperature: float = _temperature(0.0)  # sampling temperature of validation; 0: greedy
     # a rollout on a pool of its own receives the actor's weights over a collective group in buckets of this size
     weight_sync_bucket_mb: int = at_least(256, 1)
+    # the rollout service (trainer.mode=async): tokens a request gains per engine turn (a weight update waits at
+    # most one turn), and requests per turn on a replica
+    service_chunk_tokens: int = at_least(32, 1)
+    service_max_batch: int = at_least(256, 1)
 
 
 @dataclass
@@ -404,8 +408,12 @@ class TrainerConfig:
     balance_ranks: bool = False
     # sync: every step generates, then trains (the rollout waits for the update, the actor for generation).
     # one_step_off: the rollout, on a pool of its own, generates step k+1's batch with the weights of step k-1's
-    # update while the actor trains on step k (samples one update old; old log-probs recomputed by the actor)
-    mode: str = one_of("sync", "sync", "one_step_off")
+    # update while the actor trains on step k (samples one update old; old log-probs recomputed by the actor).
+    # async: the rollout service runs up to max_staleness batches ahead; new weights reach it between two of its
+    # turns and samples midway continue under them (partial rollouts)
+    mode: str = one_of("sync", "sync", "one_step_off", "async")
+    # async: a sample trains on a policy at most this many updates newer than the oldest that sampled its tokens
+    max_staleness: int = at_least(1, 0)
 
 
 @dataclass

@@ -145,7 +145,19 @@ class RayExecutor:
             for actor, (args, kwargs) in zip(self.actors, _put_shared(per_rank))
         ]
 
-    def wait(self, role: str, method: str, handle: list[ray.ObjectRef]) -> list:
+    def launch_rank(self, role: str, method: str, rank: int, call: RankCall) -> tuple[int, ray.ObjectRef]:
+        args, kwargs = call
+        return rank, getattr(self.actors[rank], method).remote(*args, **kwargs)
+
+    def wait(self, role: str, method: str, handle: list[ray.ObjectRef] | tuple[int, ray.ObjectRef]) -> list:
+        if isinstance(handle, tuple):  # one rank's call (launch_rank): errors name that rank
+            rank, ref = handle
+            try:
+                return collect(role, method, [ref])
+            except WorkerError as err:
+                raise WorkerError(
+                    role, method, {rank: err.tracebacks[0]}, {rank: err.causes.get(0)}, self.world_size
+                ) from err.causes.get(0)
         return collect(role, method, handle)
 
     def shutdown(self) -> None:

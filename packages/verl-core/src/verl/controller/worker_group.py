@@ -59,6 +59,8 @@ class Executor(Protocol):
 
     def launch(self, role: str, method: str, per_rank: list[RankCall]) -> Any: ...
 
+    def launch_rank(self, role: str, method: str, rank: int, call: RankCall) -> Any: ...
+
     def wait(self, role: str, method: str, handle: Any) -> list: ...
 
     def shutdown(self) -> None: ...
@@ -133,6 +135,23 @@ class WorkerGroup:
             results = self.executor.wait(self.role, name, handle)
             self.stats.bytes_received += payload_bytes(results)
             return gather(spec.dispatch, label, results, infos)
+
+        return PendingCall(finish)
+
+    def submit_to(self, rank: int, method: Callable | str, *args: Any, **kwargs: Any) -> PendingCall:
+        """A registered method on one rank only (its dispatch aside), e.g. one replica of a rollout service;
+        `result()` is that rank's result. A failure raises WorkerError naming the rank."""
+        name = self._registered(method)
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"{self.role}.{name}: rank {rank} outside 0..{self.world_size - 1}")
+        self.stats.calls += 1
+        self.stats.bytes_sent += payload_bytes((args, kwargs))
+        handle = self.executor.launch_rank(self.role, name, rank, (args, kwargs))
+
+        def finish() -> Any:
+            (result,) = self.executor.wait(self.role, name, handle)
+            self.stats.bytes_received += payload_bytes(result)
+            return result
 
         return PendingCall(finish)
 
@@ -261,6 +280,9 @@ class LocalExecutor:
             return self.run(role, method, per_rank), None
         except WorkerError as err:
             return None, err
+
+    def launch_rank(self, role: str, method: str, rank: int, call: RankCall) -> Any:
+        return self.launch(role, method, [call])
 
     def wait(self, role: str, method: str, handle: Any) -> list:
         results, err = handle

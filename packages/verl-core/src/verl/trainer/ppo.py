@@ -4,7 +4,8 @@ generate -> reward -> old log-probs -> reference log-probs -> values -> advantag
 critic update -> actor update -> weight sync -> metrics -> checkpoint / validate
 
 With trainer.mode=one_step_off the rollout (on a pool of its own) generates the next step's batch while the actor
-trains on this one: `next_rollout` hands out the batch started a step earlier and starts the next.
+trains on this one: `next_rollout` hands out the batch started a step earlier and starts the next. With
+trainer.mode=async the rollout service generates up to trainer.max_staleness batches ahead (`AsyncRollouts`).
 
 The loop is plain sequential Python in the driver; workers do the heavy work. Every algorithm choice
 (advantage estimator, policy loss, KL) is a registry name from the recipe, not a branch here.
@@ -35,9 +36,11 @@ from verl.data.build import make_rl_dataloaders
 from verl.protocol import DataProto
 from verl.reward import make_reward_manager
 from verl.tracking import Progress, Tracker
+from verl.trainer.async_rollouts import AsyncRollouts
 from verl.trainer.balance import balance_batch
 from verl.trainer.checkpoint import CheckpointManager, checkpoint_root
 from verl.trainer.fingerprint import fingerprint
+from verl.trainer.rollout_client import RolloutClient
 from verl.trainer.shaping import add_overlong_penalty, first_groups, informative_groups
 from verl.trainer.timer import StageTimer
 from verl.trainer.warm_start import prepare_model
@@ -143,13 +146,49 @@ class PPOTrainer:
         self.rollouts = 0  # generate() calls: part of every uid, so groups of different batches never merge
         self.ahead: Optional[PendingRollout] = None  # one_step_off: the next step's batch, generating
         self.rollout_gen_s = 0.0  # seconds the rollout's own pool generated, of the batches collected this step
+        self.async_rollouts = self._async_rollouts() if plan.mode == "async" else None
         self.val_history: List[Dict[str, float]] = []
+
+    def _async_rollouts(self) -> AsyncRollouts:
+        """trainer.mode=async: the rollout service on every rank of the rollout's pool, fed ahead of training."""
+        r = self.cfg.rollout
+        client = RolloutClient(
+            self.workers.rollout,
+            chunk=r.service_chunk_tokens,
+            max_batch=r.service_max_batch,
+            pool=self.plan.pool("rollout").name,
+        )
+        eos = self.tokenizer.eos_token_id
+        pad = self.tokenizer.pad_token_id
+        return AsyncRollouts(
+            client,
+            read_prompts=lambda: self.with_uids(self.train_loader.next_batch()),
+            data_position=self.train_loader.state_dict,
+            n=r.n,
+            temperature=r.temperature,
+            response_length=self.plan.response_length,
+            eos_ids=[eos] if isinstance(eos, int) else list(eos),
+            pad_id=pad if pad is not None else eos,
+            max_staleness=self.cfg.trainer.max_staleness,
+            total_steps=self.plan.total_steps,
+        )
 
     # ---- the stages of one step ---------------------------------------------------------------------
     def next_rollout(self) -> DataProto:
         """This step's generated batch. sync: generated now. one_step_off: the one started during the last step
         (by the weights before that step's update), and the next step's is started now, to generate while this one
-        trains (its prompts are read from the data now, so a checkpoint's data position includes them)."""
+        trains (its prompts are read from the data now, so a checkpoint's data position includes them). async: the
+        rollout service's batch for this step, once all its samples are done (the next ones keep generating)."""
+        if self.async_rollouts is not None:
+            batch, self.rollout_info = self.async_rollouts.take(self.step)
+            counters = self.async_rollouts.client.take_counters()
+            self.rollout_gen_s += counters.get("busy_s", 0.0) / max(1, len(self.async_rollouts.client.replicas))
+            self.rollout_info["async/interrupted"] = counters.get("interrupted", 0.0)  # samples midway at a sync
+            if counters.get("busy_s"):  # what the rollout pool generated while it was busy, all replicas
+                self.rollout_info["perf/rollout_tokens_per_s"] = (
+                    counters["tokens"] / counters["busy_s"] * len(self.async_rollouts.client.replicas)
+                )
+            return batch
         pending = self.ahead or self.submit_generate(self.train_loader.next_batch())
         self.ahead = None
         if self.plan.mode == "one_step_off" and self.step + 1 < self.plan.total_steps:
@@ -159,12 +198,16 @@ class PPOTrainer:
     def generate(self, prompts: DataProto) -> DataProto:
         return self.submit_generate(prompts).result()
 
-    def submit_generate(self, prompts: DataProto) -> "PendingRollout":
-        """Start generating rollout.n samples per prompt; the result is the whole batch (with its text columns)."""
-        # One uid per prompt: group estimators (GRPO, RLOO) compare the samples that share it.
+    def with_uids(self, prompts: DataProto) -> DataProto:
+        """One uid per prompt: group estimators (GRPO, RLOO) compare the samples that share it."""
         self.rollouts += 1
         uids = [f"{self.step}-{self.rollouts}-{i}" for i in range(len(prompts))]
         prompts.non_tensor_batch["uid"] = np.array(uids, dtype=object)
+        return prompts
+
+    def submit_generate(self, prompts: DataProto) -> "PendingRollout":
+        """Start generating rollout.n samples per prompt; the result is the whole batch (with its text columns)."""
+        prompts = self.with_uids(prompts)
         pending = self.submit_sample(prompts, n=self.cfg.rollout.n)
 
         def finish() -> DataProto:
@@ -297,7 +340,7 @@ class PPOTrainer:
     def sync_rollout(self) -> Dict[str, float]:
         """A rollout on its own pool gets the updated weights (policy version = updates so far); a colocated
         one got them at the end of the actor's update."""
-        return self.workers.sync_weights(self.step + 1) if self.workers.rollout is not None else {}
+        return self.workers.sync_weights(self.step + 1)
 
     def entropy_due(self) -> bool:
         """Whether this step's update measures the policy's entropy as a metric: on the first, the last and every
@@ -311,7 +354,8 @@ class PPOTrainer:
         timer = StageTimer()
         self.workers.take_stats()  # count this step's calls only (not validation's or a checkpoint's)
         start = time.perf_counter()
-        with timer("gen"):  # with one_step_off: the wait for a batch generated beside the last step
+        self.rollout_info: Dict[str, float] = {}
+        with timer("gen"):  # with one_step_off / async: the wait for a batch generated beside the last step(s)
             batch = self.next_rollout()
         with timer("reward"):
             metrics = self.score(batch)
@@ -335,10 +379,12 @@ class PPOTrainer:
             metrics.update(self.compute_advantages(batch))
         with timer("update"):
             metrics.update(self.update(batch))
-        with timer("weight_sync"):  # a rollout on its own pool: waits for its generation to finish, then loads
-            metrics.update(self.sync_rollout())
+        if self.workers.rollout is not None:  # its own pool: waits for a batch it is generating, then loads
+            with timer("rollout_sync"):
+                metrics.update(self.sync_rollout())
         step_s = time.perf_counter() - start
         metrics.update(metrics_of_rollout)
+        metrics.update(self.rollout_info)
         if self.workers.rollout is not None:  # how busy each pool was over the step
             train_s = sum(timer.metrics().get(f"timing/{k}_s", 0.0) for k in ("log_probs", "adv", "update"))
             metrics["perf/train_busy_fraction"] = min(1.0, train_s / step_s)
@@ -391,9 +437,12 @@ class PPOTrainer:
             if self.workers.rollout is not None:
                 self.workers.rollout.call(RolloutWorker.save_checkpoint, path)
 
+        # async: the data position before the oldest batch in flight (a resumed run generates those anew)
+        async_ = self.async_rollouts
         state = {
             "step": self.step,
-            "data": self.train_loader.state_dict(),
+            "data": async_.data_position() if async_ is not None else self.train_loader.state_dict(),
+            "in_flight": async_.in_flight_samples() if async_ is not None else 0,
             "kl_coef": self.kl_ctrl.value if self.kl_ctrl is not None else None,
             "rng": get_rng_state(),
             "val_history": self.val_history,
@@ -428,6 +477,13 @@ class PPOTrainer:
         if state.get("ahead") is not None:
             ahead = batch_from_state(state["ahead"])
             self.ahead = PendingRollout(lambda: ahead)
+        if self.async_rollouts is not None:
+            self.async_rollouts.start_at(self.step)
+            print(
+                f"verl: {state.get('in_flight', 0)} samples were generating when that checkpoint was written; "
+                "their prompts are generated anew",
+                flush=True,
+            )
         self.tracker.resume_at(self.step)  # each step appears once in the logs, however often the run was killed
         logger.info("resumed from %s at step %d", path, self.step)
         print(f"verl: resumed from {path} (step {self.step})", flush=True)

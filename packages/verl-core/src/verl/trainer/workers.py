@@ -33,7 +33,7 @@ class Workers:
         sender's seconds and GB/s, buckets, and the version every rollout rank holds (rollout/weight_version,
         the lowest)."""
         sent = self.actor_rollout.submit(ActorRolloutRefWorker.send_weights, version, self.bucket_bytes)
-        received = self.rollout.submit(RolloutWorker.receive_weights)
+        received = self.rollout.submit(RolloutWorker.receive_weights, version)
         sender, receivers = sent.result()[0], received.result()
         return {
             **sender,

@@ -1,5 +1,10 @@
 """RolloutWorker: a rollout engine on a pool of its own (disaggregated from the actor).
 
+Two ways to generate: `generate` (a whole batch per call, as the synchronous and one_step_off modes use), or
+the rollout service (`start_service`, then `service_submit` / `service_poll` / `service_abort` / `service_pause`
+/ `service_resume` on each replica: request-level, asynchronous, partial rollouts across weight updates; see
+`verl.workers.rollout_server`).
+
 It holds its own copy of the policy and generates with it; after each actor update the new weights arrive over
 the transfer group (`verl.workers.weight_transfer`) from the actor's rank 0, and the worker records which policy
 version it holds. Every generated sample carries that version (the `weight_version` column) and each replica
@@ -21,6 +26,7 @@ from verl.protocol import DataProto
 from verl.utils.memory import PhasePeaks
 from verl.utils.rng import get_rng_state, safe_load, set_rng_state
 from verl.workers.engines import rollout_engine
+from verl.workers.rollout_server import Request, RolloutServer
 from verl.workers.setup import setup_worker
 from verl.workers.weight_transfer import TransferStats, join_transfer_group, receive_weights
 
@@ -33,6 +39,7 @@ class RolloutWorker(Worker):
         self.engine = None
         self.transfer = None  # this rank's member of the transfer group, once joined
         self.version = 0  # the policy version of the weights held: the actor's updates before them
+        self.server: Optional[RolloutServer] = None  # the rollout service's replica on this rank, once started
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -41,7 +48,7 @@ class RolloutWorker(Worker):
         from transformers import AutoTokenizer
 
         self.peaks = PhasePeaks(self.device)
-        tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+        tokenizer = self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         self.engine = rollout_engine(self.cfg, self.plan, model_path=self.model_path, tokenizer=tokenizer, actor=None)
         # `tp` consecutive ranks form one generation engine, get the same prompts, and its first rank returns them.
         layout = self.plan.layout("rollout")
@@ -53,7 +60,7 @@ class RolloutWorker(Worker):
         """n samples per prompt at `temperature` (None: rollout.temperature; 0: greedy), tagged with the version
         of the weights that produced them."""
         start = time.perf_counter()
-        with self.peaks("gen"):
+        with self.peaks("gen"), self._engine():
             out = self.engine.generate(prompts, n=n, temperature=temperature)
         out.batch["weight_version"] = torch.full((len(out),), self.version, dtype=torch.long)
         out.meta_info[f"gen_s/{self.dispatch_info('rollout')['dp_rank']}"] = time.perf_counter() - start
@@ -66,20 +73,91 @@ class RolloutWorker(Worker):
         self.transfer = join_transfer_group(host, port, 1 + self.rank, world, backend)
 
     @register(Dispatch.ONE_TO_ALL)
-    def receive_weights(self) -> Dict[str, float]:
-        """Load the weights the actor's rank 0 is sending (collective with `ActorRolloutRefWorker.send_weights`)."""
+    def receive_weights(self, version: int) -> Dict[str, float]:
+        """Load the weights of policy `version` the actor's rank 0 is sending (collective with
+        `ActorRolloutRefWorker.send_weights`)."""
         if self.transfer is None:
             raise RuntimeError("receive_weights before join_weight_transfer: the transfer group is not set up")
         stats = TransferStats()
         device = self.device if self.cfg.placement.device != "cpu" else torch.device("cpu")
         with self.peaks("weight_sync"):
-            self.engine.update_weights(receive_weights(self.transfer, device, stats))
-        self.version = stats.version
+            weights = receive_weights(self.transfer, device, stats)
+            if self.server is not None:
+                # Received into host memory while the service keeps generating (one copy of the weights), then
+                # swapped in between two of its turns; requests midway continue with them.
+                staged = [(name, tensor.to("cpu")) for name, tensor in weights]
+                self.server.load_weights(iter(staged), version)
+            else:
+                self.engine.update_weights(weights)
+        if stats.version != version:
+            raise RuntimeError(f"received the weights of policy version {stats.version}, expected {version}")
+        self.version = version
         return {**stats.metrics(), "rollout/weight_version": float(self.version)}
 
     @register(Dispatch.ONE_TO_ALL)
     def weight_version(self) -> int:
         return self.version
+
+    def _engine(self):
+        """Exclusive use of the engine: a running service's turns pause while a batch call uses it."""
+        import contextlib
+
+        return self.server.engine_lock if self.server is not None else contextlib.nullcontext()
+
+    # ---- the rollout service (one replica per rank; the trainer's RolloutClient calls each rank) -------------
+    @register(Dispatch.ONE_TO_ALL)
+    def start_service(self, chunk: int, max_batch: int) -> None:
+        """Serve requests on this rank: an engine thread taking `chunk` tokens per request per turn."""
+        if self.plan.layout("rollout").tp > 1:
+            raise RuntimeError(
+                "the rollout service serves tp=1 replicas (validate refuses trainer.mode=async with tp>1)"
+            )
+        if self.server is None:
+            tok = self.tokenizer
+            eos = tok.eos_token_id
+            self.server = RolloutServer(
+                self.engine,
+                eos_ids=[eos] if isinstance(eos, int) else list(eos),
+                pad_id=tok.pad_token_id if tok.pad_token_id is not None else eos,
+                max_new_tokens=self.plan.response_length,
+                chunk=chunk,
+                max_batch=max_batch,
+                version=self.version,
+            )
+
+    @register(Dispatch.ONE_TO_ALL)
+    def service_submit(self, requests: list) -> int:
+        """Queue requests (dicts of `Request`'s fields: id, prompt, temperature, max_tokens); returns in flight."""
+        self._service().submit([Request(**r) for r in requests])
+        return self.server.in_flight()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def service_poll(self, timeout_s: float = 0.0) -> Dict[str, Any]:
+        """Finished requests (waiting up to timeout_s for one), with the replica's version and counters."""
+        done = self._service().poll(timeout_s)
+        return {
+            "finished": [vars(f) for f in done],
+            "version": self.version,
+            "in_flight": self.server.in_flight(),
+            **self.server.take_stats(),
+        }
+
+    @register(Dispatch.ONE_TO_ALL)
+    def service_abort(self, ids: list) -> int:
+        return self._service().abort(ids)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def service_pause(self) -> None:
+        self._service().pause()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def service_resume(self) -> None:
+        self._service().resume()
+
+    def _service(self) -> RolloutServer:
+        if self.server is None:
+            raise RuntimeError("the rollout service is not started on this rank (start_service)")
+        return self.server
 
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:

@@ -1,4 +1,5 @@
-"""The batch every rollout engine returns, built from what it generated (shared by hf, vllm and sglang)."""
+"""The batch every rollout engine returns, built from what it generated (shared by hf, vllm and sglang, and by
+the rollout service, which builds it from finished requests)."""
 
 from __future__ import annotations
 

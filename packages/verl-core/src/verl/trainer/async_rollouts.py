@@ -1,0 +1,154 @@
+"""trainer.mode=async: training batches generated ahead on the rollout service, within a staleness bound.
+
+Batch j (the prompts step j trains on) is submitted once the trainer's policy version v (updates done) reaches
+j - max_staleness, so the rollout runs up to max_staleness batches ahead and its replicas stay busy while the
+actor trains. Weight updates reach the replicas between two of their turns: a sample midway keeps its tokens and
+their log-probs and continues under the new policy (a partial rollout). The staleness of a sample is the
+trainer's version when it trains on it minus the oldest version that sampled any of its tokens; the admission
+rule bounds it by max_staleness (j - (j - max_staleness)), and `take` checks it: a sample over the bound (none,
+under this rule) has its whole group generated again under the current policy, and is counted.
+
+A checkpoint's data position is the one before the oldest batch in flight: a resumed run reads those prompts
+again and generates them anew, so no prompt is skipped and no sample trained twice (the in-flight samples are
+discarded, and counted).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from verl.protocol import DataProto
+from verl.rollout_batch import assemble_rollout, pad_rows, unpadded_prompts
+from verl.workers.rollout_server import Finished
+
+
+@dataclass
+class Slot:
+    """One training batch in flight."""
+
+    index: int  # the step that trains on it (0-based)
+    prompts: DataProto  # its prompt rows, with their text columns and uids
+    data_position: Dict[str, Any]  # the data loader's state before these prompts were read
+    submitted_version: int
+    done: Dict[int, Finished] = field(default_factory=dict)  # by row
+    attempt: Dict[int, int] = field(default_factory=dict)  # row -> the attempt whose result counts
+    regenerated: int = 0
+
+
+class AsyncRollouts:
+    def __init__(
+        self,
+        client: Any,  # verl.trainer.rollout_client.RolloutClient
+        *,
+        read_prompts: Callable[[], DataProto],  # the next batch of prompts (with uids)
+        data_position: Callable[[], Dict[str, Any]],  # the loader's state now
+        n: int,
+        temperature: float,
+        response_length: int,
+        eos_ids: List[int],
+        pad_id: int,
+        max_staleness: int,
+        total_steps: Optional[int] = None,
+    ):
+        self.client, self.read_prompts, self.position = client, read_prompts, data_position
+        self.n, self.temperature, self.width = n, temperature, response_length
+        self.eos_ids, self.pad_id = eos_ids, pad_id
+        self.max_staleness, self.total_steps = max_staleness, total_steps
+        self.slots: List[Slot] = []
+        self.next_index = 0
+
+    @staticmethod
+    def request_id(index: int, row: int, attempt: int = 0) -> str:
+        return f"{index}:{row}:{attempt}"
+
+    def start_at(self, step: int) -> None:
+        """The first batch to submit is the one step `step` trains on (0, or where a resumed run continues)."""
+        self.next_index = step
+
+    def fill(self, version: int) -> None:
+        """Submit every batch the staleness bound admits at policy `version`."""
+        while self.next_index <= version + self.max_staleness and (
+            self.total_steps is None or self.next_index < self.total_steps
+        ):
+            position = self.position()
+            prompts = self.read_prompts()
+            slot = Slot(self.next_index, prompts, position, version)
+            self._submit(slot, range(len(prompts) * self.n))
+            self.slots.append(slot)
+            self.next_index += 1
+
+    def _submit(self, slot: Slot, rows, attempt: int = 0) -> None:
+        ids = unpadded_prompts(slot.prompts)
+        for row in rows:
+            slot.attempt[row] = attempt
+        requests = [
+            {
+                "id": self.request_id(slot.index, row, attempt),
+                "prompt": ids[row // self.n],
+                "temperature": self.temperature,
+            }
+            for row in rows
+        ]
+        groups = [f"{slot.index}:{row // self.n}" for row in rows]  # a prompt's samples on one replica
+        self.client.submit(requests, groups)
+
+    def take(self, version: int, poll_s: float = 0.05) -> tuple[DataProto, Dict[str, float]]:
+        """The batch of step `version` (the trainer's updates so far), once every one of its samples is done."""
+        self.fill(version)
+        slot = self.slots[0]
+        if slot.index != version:
+            raise RuntimeError(
+                f"async rollouts: step {version} wants batch {version}, the oldest in flight is {slot.index}"
+            )
+        start = time.perf_counter()
+        want = len(slot.prompts) * self.n
+        while len(slot.done) < want:
+            for f in self.client.poll(poll_s):
+                index, row, attempt = (int(x) for x in f.id.split(":"))
+                target = next((s for s in self.slots if s.index == index), None)
+                if target is not None and target.attempt.get(row) == attempt:  # (a superseded attempt is ignored)
+                    target.done[row] = f
+            self._check_stale(slot, version)
+        self.slots.pop(0)
+        waited = time.perf_counter() - start
+        batch = self._assemble(slot)
+        metrics = {
+            "async/queue_batches": float(len(self.slots)),  # batches still generating after this one
+            "async/regenerated": float(slot.regenerated),
+            "timing/rollout_wait_s": waited,
+        }
+        return batch, metrics
+
+    def _check_stale(self, slot: Slot, version: int) -> None:
+        """Samples over the bound: their whole group generated again under the current policy, counted."""
+        stale = [row for row, f in slot.done.items() if version - f.oldest_version > self.max_staleness]
+        if not stale:
+            return
+        groups = sorted({row // self.n for row in stale})
+        rows = [g * self.n + k for g in groups for k in range(self.n)]
+        self.client.abort([self.request_id(slot.index, r, slot.attempt[r]) for r in rows if r not in slot.done])
+        for row in rows:
+            slot.done.pop(row, None)
+        slot.regenerated += len(rows)
+        self._submit(slot, rows, attempt=max(slot.attempt[r] for r in rows) + 1)
+
+    def _assemble(self, slot: Slot) -> DataProto:
+        rows = [slot.done[i] for i in range(len(slot.prompts) * self.n)]
+        prompts = slot.prompts.repeat(self.n, interleave=True)
+        responses = pad_rows([f.tokens for f in rows], self.width, self.pad_id, torch.long)
+        log_probs = pad_rows([f.log_probs for f in rows], self.width, 0.0, torch.float32)
+        lengths = torch.tensor([len(f.tokens) for f in rows])
+        batch = assemble_rollout(prompts, responses, log_probs, lengths, eos_ids=self.eos_ids)
+        batch.batch["weight_version"] = torch.tensor([f.oldest_version for f in rows], dtype=torch.long)
+        return batch
+
+    def data_position(self) -> Dict[str, Any]:
+        """Where a resumed run reads from: before the oldest batch in flight (those are generated anew)."""
+        return self.slots[0].data_position if self.slots else self.position()
+
+    def in_flight_samples(self) -> int:
+        return sum(len(s.prompts) * self.n for s in self.slots)

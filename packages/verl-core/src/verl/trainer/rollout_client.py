@@ -1,0 +1,103 @@
+"""RolloutClient: the driver's side of the rollout service, with one replica per rank of the rollout's pool.
+
+    client = RolloutClient(workers.rollout, chunk=32, max_batch=256)
+    client.submit([{"id": "7:0", "prompt": [5, 9, 12], "temperature": 1.0}, ...], groups=[...])
+    finished = client.poll(timeout_s=0.1)        # Finished requests from every replica
+    client.abort(["7:0"]); client.pause(); client.resume()
+
+Requests of one group (a prompt's n samples) go to the same replica, the one with the fewest requests in flight.
+A replica that fails (its engine raised, its process died) is reported by name: the run stops with a
+`ReplicaFailed` naming the replica, its rank and pool, and the original error.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Dict, List, Optional, Sequence
+
+from verl.controller.errors import WorkerError
+from verl.workers.rollout import RolloutWorker
+from verl.workers.rollout_server import Finished
+
+
+class ReplicaFailed(RuntimeError):
+    """A rollout service replica failed; `replica` is its rank in the rollout's pool."""
+
+    def __init__(self, replica: int, pool: str, method: str, cause: BaseException):
+        self.replica, self.pool = replica, pool
+        super().__init__(
+            f"rollout replica {replica} (rank {replica} of pool '{pool}') failed in {method}; the run stops "
+            f"(its requests in flight are lost). The replica's error:\n{cause}"
+        )
+
+
+class RolloutClient:
+    def __init__(self, group: Any, *, chunk: int, max_batch: int, pool: str = "rollout"):
+        self.group, self.pool = group, pool
+        self.replicas = list(range(group.world_size))
+        group.call(RolloutWorker.start_service, chunk, max_batch)
+        self.in_flight: Dict[int, int] = {r: 0 for r in self.replicas}
+        self.where: Dict[str, int] = {}  # request id -> replica
+        self.counters: Dict[str, float] = defaultdict(float)  # turns, tokens, busy_s, interrupted (summed)
+
+    def _call(self, replica: int, method, *args: Any) -> Any:
+        try:
+            return self.group.submit_to(replica, method, *args).result()
+        except WorkerError as err:
+            raise ReplicaFailed(replica, self.pool, method.__name__, err) from err
+
+    def submit(self, requests: Sequence[Dict[str, Any]], groups: Optional[Sequence[str]] = None) -> None:
+        """Queue requests (id, prompt token ids, temperature, max_tokens); those sharing a group key go together."""
+        groups = groups or [r["id"] for r in requests]
+        by_group: Dict[str, List[Dict[str, Any]]] = defaultdict(list)
+        for request, key in zip(requests, groups):
+            by_group[key].append(request)
+        batches: Dict[int, List[Dict[str, Any]]] = defaultdict(list)
+        for members in by_group.values():
+            replica = min(self.replicas, key=lambda r: self.in_flight[r])  # the least loaded
+            batches[replica] += members
+            self.in_flight[replica] += len(members)
+            for request in members:
+                self.where[request["id"]] = replica
+        pending = [(r, self.group.submit_to(r, RolloutWorker.service_submit, reqs)) for r, reqs in batches.items()]
+        for replica, call in pending:
+            try:
+                call.result()
+            except WorkerError as err:
+                raise ReplicaFailed(replica, self.pool, "service_submit", err) from err
+
+    def poll(self, timeout_s: float = 0.0) -> List[Finished]:
+        """Finished requests of every replica (each waits up to timeout_s for one)."""
+        pending = [(r, self.group.submit_to(r, RolloutWorker.service_poll, timeout_s)) for r in self.replicas]
+        finished: List[Finished] = []
+        for replica, call in pending:
+            try:
+                out = call.result()
+            except WorkerError as err:
+                raise ReplicaFailed(replica, self.pool, "service_poll", err) from err
+            for key in ("turns", "tokens", "busy_s", "interrupted"):
+                self.counters[key] += out[key]
+            self.in_flight[replica] = out["in_flight"]
+            for f in out["finished"]:
+                self.where.pop(f["id"], None)
+                finished.append(Finished(**f))
+        return finished
+
+    def abort(self, ids: Sequence[str]) -> int:
+        by_replica: Dict[int, List[str]] = defaultdict(list)
+        for i in ids:
+            if i in self.where:
+                by_replica[self.where.pop(i)].append(i)
+        return sum(self._call(r, RolloutWorker.service_abort, reqs) for r, reqs in by_replica.items())
+
+    def pause(self) -> None:
+        for r in self.replicas:
+            self._call(r, RolloutWorker.service_pause)
+
+    def resume(self) -> None:
+        for r in self.replicas:
+            self._call(r, RolloutWorker.service_resume)
+
+    def take_counters(self) -> Dict[str, float]:
+        counters, self.counters = dict(self.counters), defaultdict(float)
+        return counters

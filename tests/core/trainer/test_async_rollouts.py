@@ -1,0 +1,132 @@
+"""The async scheduler's staleness bound, as a property over random timings: replicas that take random numbers of
+turns per request and trainers that take random times per step. Whatever the timings, every sample trains on a
+policy at most max_staleness updates newer than the oldest that sampled it, each step trains on its own batch of
+prompts (in order, none skipped or repeated), and a checkpoint's data position is before the oldest batch in flight.
+
+The service here is a simulation (the real one, RolloutServer over the hf engine, is tested in
+tests/rollout/test_rollout_server.py and through the trainer in tests/trainer/test_async.py): what is under test is
+the admission rule and the bookkeeping, which only see request ids, tokens and versions."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from verl.protocol import DataProto
+from verl.trainer.async_rollouts import AsyncRollouts
+from verl.workers.rollout_server import Finished
+
+N, PROMPTS, WIDTH = 2, 3, 6
+
+
+class SimulatedService:
+    """Requests advance one token per tick on a replica; a request needs a random number of ticks."""
+
+    def __init__(self, rng: random.Random):
+        self.rng, self.version, self.live, self.finished = rng, 0, {}, []
+
+    def submit(self, requests, groups=None):
+        for r in requests:
+            self.live[r["id"]] = {
+                "prompt": r["prompt"],
+                "left": self.rng.randint(1, WIDTH),
+                "tokens": [],
+                "versions": [],
+            }
+
+    def tick(self):
+        for rid in list(self.live):
+            r = self.live[rid]
+            r["tokens"].append(5)
+            r["versions"].append(self.version)
+            r["left"] -= 1
+            if r["left"] == 0:
+                del self.live[rid]
+                self.finished.append(Finished(rid, r["tokens"], [-1.0] * len(r["tokens"]), r["versions"], 0.0))
+
+    def poll(self, timeout_s=0.0):
+        self.tick()
+        out, self.finished = self.finished, []
+        return out
+
+    def abort(self, ids):
+        return sum(self.live.pop(i, None) is not None for i in ids)
+
+
+class Loader:
+    """Prompt batches numbered by position: prompt token ids carry the batch and row they came from."""
+
+    def __init__(self):
+        self.position = 0
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def next_batch(self) -> DataProto:
+        ids = torch.tensor([[7, 100 + self.position, 200 + i] for i in range(PROMPTS)])
+        self.position += 1
+        mask = torch.ones_like(ids)
+        return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(-1) - 1})
+
+
+@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("max_staleness", [0, 1, 2, 4])
+def test_staleness_never_exceeds_the_bound(seed, max_staleness):
+    rng = random.Random(seed)
+    service, loader, steps = SimulatedService(rng), Loader(), 8
+    rollouts = AsyncRollouts(
+        service,
+        read_prompts=loader.next_batch,
+        data_position=loader.state_dict,
+        n=N,
+        temperature=1.0,
+        response_length=WIDTH,
+        eos_ids=[2],
+        pad_id=0,
+        max_staleness=max_staleness,
+        total_steps=steps,
+    )
+    for step in range(steps):
+        batch, metrics = rollouts.take(step, poll_s=0.0)
+        # every sample of this step's batch: this step's prompts, each prompt's n samples
+        assert batch.batch["input_ids"][:, 1].tolist() == [100 + step] * (PROMPTS * N)
+        assert batch.batch["input_ids"][:, 2].tolist() == [200 + i // N for i in range(PROMPTS * N)]
+        staleness = step - batch.batch["weight_version"]
+        assert int(staleness.max()) <= max_staleness and int(staleness.min()) >= 0
+        assert metrics["async/regenerated"] == 0  # the admission rule keeps every sample inside the bound
+        assert metrics["async/queue_batches"] <= max_staleness
+        # a checkpoint now: its data position is before the oldest batch still in flight (or here, when none)
+        in_flight = rollouts.slots
+        assert rollouts.data_position() == {"position": in_flight[0].index if in_flight else loader.position}
+        assert rollouts.in_flight_samples() == len(in_flight) * PROMPTS * N
+        for _ in range(rng.randint(0, 5)):  # the update takes a while, the replicas keep generating
+            service.tick()
+        service.version = step + 1  # the new weights reach the replicas
+    assert loader.position == steps  # no batch read past the run's end
+
+
+def test_a_sample_over_the_bound_has_its_group_generated_again():
+    """Staleness is checked where samples are collected: a sample of an older policy than the bound allows (a
+    replica that kept old weights) is regenerated with its group, and counted."""
+    service, loader = SimulatedService(random.Random(0)), Loader()
+    rollouts = AsyncRollouts(
+        service,
+        read_prompts=loader.next_batch,
+        data_position=loader.state_dict,
+        n=N,
+        temperature=1.0,
+        response_length=WIDTH,
+        eos_ids=[2],
+        pad_id=0,
+        max_staleness=1,
+        total_steps=4,
+    )
+    rollouts.fill(0)
+    service.version = -5  # a replica that missed updates: what it samples now is 5+ versions behind
+    service.tick()
+    service.version = 0
+    batch, metrics = rollouts.take(0, poll_s=0.0)
+    assert metrics["async/regenerated"] >= N  # at least one whole group
+    assert int((0 - batch.batch["weight_version"]).max()) <= 1

@@ -1,0 +1,99 @@
+"""trainer.mode=async through the trainer: the rollout service generates ahead within the staleness bound, a
+resumed run neither skips nor repeats prompts (the samples in flight at the checkpoint are generated anew), and
+a replica that dies is reported by name. Real Ray actors: an FSDP actor worker and hf rollout replicas."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import Counter
+
+import pytest
+import ray
+import torch
+
+from tests.support.run_configs import RECORDING_REWARD, tiny_config
+from verl.controller import init_ray
+from verl.trainer.ppo import PPOTrainer
+from verl.trainer.rollout_client import ReplicaFailed
+
+pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
+
+ASYNC = ("trainer.mode=async", "trainer.max_staleness=2", "rollout.service_chunk_tokens=2", "rollout.n=4")
+
+
+@pytest.fixture(scope="module")
+def ray_three_cpus():
+    if ray.is_initialized():
+        ray.shutdown()
+    init_ray(num_cpus=3)
+    yield
+    ray.shutdown()
+
+
+def _config(out, *overrides, steps=4):
+    return tiny_config("grpo_tiny_async", str(out), RECORDING_REWARD, *ASYNC, *overrides, steps=steps)
+
+
+def _fit(cfg) -> None:
+    trainer = PPOTrainer(cfg)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+
+
+def _rows(out) -> list[dict]:
+    return [json.loads(line) for line in open(os.path.join(out, "logs", "metrics.jsonl"))]
+
+
+def test_async_trains_within_the_bound_and_resumes_without_skipping_or_repeating(
+    tmp_path, ray_three_cpus, embedded_cache, monkeypatch
+):
+    monkeypatch.setenv("VERL_CACHE", embedded_cache)
+    save = ("checkpoint.save_every=2", "checkpoint.keep_last=2", "checkpoint.save_last=false")
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    monkeypatch.setenv("VERL_TEST_PROMPT_LOG", str(tmp_path / "straight.prompts"))
+    _fit(_config(straight, *save))
+    rows = _rows(straight)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["async/staleness_max"] for r in rows][:1] == [0.0]
+    assert all(r["async/staleness_max"] <= 2 for r in rows)  # trainer.max_staleness
+    assert max(r["async/staleness_max"] for r in rows) >= 1  # it did run ahead
+    assert all(r["async/regenerated"] == 0 for r in rows)
+    assert [r["rollout/weight_version"] for r in rows] == [1.0, 2.0, 3.0, 4.0]
+
+    # The step-2 checkpoint's data position is before batch 3 (the oldest in flight then): batches 3 and 4 were
+    # generating (2 x 4 prompts x 4 samples) and are generated anew by a run resumed from it.
+    checkpoint = straight / "checkpoints" / "step_2"
+    state = torch.load(checkpoint / "trainer_state.pt", weights_only=True)
+    assert state["in_flight"] == 2 * 4 * 4 and state["ahead"] is None
+    shutil.copytree(checkpoint, resumed / "checkpoints" / "step_2")  # as if the run was killed right after it
+    monkeypatch.setenv("VERL_TEST_PROMPT_LOG", str(tmp_path / "resumed.prompts"))
+    _fit(_config(resumed, *save))
+    assert [r["step"] for r in _rows(resumed)] == [3, 4]
+
+    # Steps 3 and 4 scored the same prompts in both runs (each step 4 prompts x 4 samples): none skipped, none twice.
+    def per_step(path) -> list[Counter]:
+        lines = open(path).read().splitlines()
+        return [Counter(lines[i : i + 16]) for i in range(0, len(lines), 16)]
+
+    assert per_step(tmp_path / "resumed.prompts") == per_step(tmp_path / "straight.prompts")[2:]
+
+
+def test_a_replica_that_dies_is_reported_by_name(tmp_path, ray_three_cpus, embedded_cache, monkeypatch):
+    monkeypatch.setenv("VERL_CACHE", embedded_cache)
+    monkeypatch.setenv("VERL_TEST_PROMPT_LOG", str(tmp_path / "prompts"))
+    pools = "placement.pools=[{name: train, roles: [actor], devices: 1}, {name: gen, roles: [rollout], devices: 2}]"
+    trainer = PPOTrainer(_config(tmp_path, "placement.devices_per_node=3", pools))
+    try:
+        assert len(trainer.async_rollouts.client.replicas) == 2
+        trainer.train_step()
+        trainer.step += 1
+        ray.kill(trainer.workers.rollout.executor.actors[1], no_restart=True)
+        with pytest.raises(ReplicaFailed, match=r"rollout replica 1 \(rank 1 of pool 'gen'\) failed") as err:
+            trainer.train_step()
+        assert err.value.replica == 1
+    finally:
+        trainer.close()
