@@ -4,25 +4,14 @@ after every step both rollout ranks hold the actor's weights (in Hugging Face na
 from __future__ import annotations
 
 import pytest
-import ray
 import torch
 
 from tests.support.run_configs import ODD_LENGTH_REWARD, tiny_config
-from verl.controller import init_ray
 from verl.trainer.ppo import PPOTrainer
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from verl.workers.rollout import RolloutWorker
 
 pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
-
-
-@pytest.fixture(scope="module")
-def ray_four_cpus():
-    if ray.is_initialized():
-        ray.shutdown()
-    init_ray(num_cpus=4)
-    yield
-    ray.shutdown()
 
 
 def test_megatron_tp2_weights_reach_both_rollout_replicas_bitwise(tmp_path, ray_four_cpus, embedded_cache, monkeypatch):

@@ -48,15 +48,32 @@ def tiny_model_dir(embedded_cache):
     return materialize_embedded_model("tiny-llama", embedded_cache)
 
 
-@pytest.fixture(scope="module")
-def ray_two_cpus():
-    """A local Ray cluster with 2 CPUs for one test module (any earlier one is shut down first)."""
+def _ray_cluster(num_cpus: int):
+    """A local Ray cluster of `num_cpus` CPUs (any earlier one shut down first), shut down after the module."""
     import ray
 
     from verl.controller import init_ray
 
     if ray.is_initialized():
         ray.shutdown()
-    init_ray(num_cpus=2)
+    init_ray(num_cpus=num_cpus)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_two_cpus():
+    """A local Ray cluster with 2 CPUs for one test module."""
+    yield from _ray_cluster(2)
+
+
+@pytest.fixture(scope="module")
+def ray_three_cpus():
+    """3 CPUs: an actor worker and two rollout replicas, or one rollout engine over two ranks."""
+    yield from _ray_cluster(3)
+
+
+@pytest.fixture(scope="module")
+def ray_four_cpus():
+    """4 CPUs: a 2-rank actor pool and a 2-rank rollout pool."""
+    yield from _ray_cluster(4)

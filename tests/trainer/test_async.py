@@ -14,22 +14,12 @@ import ray
 import torch
 
 from tests.support.run_configs import RECORDING_REWARD, tiny_config
-from verl.controller import init_ray
 from verl.trainer.ppo import PPOTrainer
 from verl.trainer.rollout_client import ReplicaFailed
 
 pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
 
 ASYNC = ("trainer.mode=async", "trainer.max_staleness=2", "rollout.service_chunk_tokens=2", "rollout.n=4")
-
-
-@pytest.fixture(scope="module")
-def ray_three_cpus():
-    if ray.is_initialized():
-        ray.shutdown()
-    init_ray(num_cpus=3)
-    yield
-    ray.shutdown()
 
 
 def _config(out, *overrides, steps=4):

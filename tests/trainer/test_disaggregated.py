@@ -10,11 +10,9 @@ import os
 import shutil
 
 import pytest
-import ray
 import torch
 
 from tests.support.run_configs import ODD_LENGTH_REWARD, tiny_config
-from verl.controller import init_ray
 from verl.trainer.ppo import PPOTrainer
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from verl.workers.rollout import RolloutWorker
@@ -25,15 +23,6 @@ FOUR_RANKS = (
     "placement.devices_per_node=4",
     "placement.pools=[{name: train, roles: [actor], devices: 2}, {name: gen, roles: [rollout], devices: 2}]",
 )
-
-
-@pytest.fixture(scope="module")
-def ray_four_cpus():
-    if ray.is_initialized():
-        ray.shutdown()
-    init_ray(num_cpus=4)
-    yield
-    ray.shutdown()
 
 
 def _config(out, *overrides, steps=2):

@@ -6,10 +6,8 @@ weights arrived exactly."""
 from __future__ import annotations
 
 import pytest
-import ray
 
 from tests.support.run_configs import ODD_LENGTH_REWARD, fit, tiny_config
-from verl.controller import init_ray
 
 pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/rollout/vllm/BUILD too)
 
@@ -17,15 +15,6 @@ pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in
 @pytest.fixture(autouse=True)
 def _cache(embedded_cache, monkeypatch):  # noqa: F811
     monkeypatch.setenv("VERL_CACHE", embedded_cache)
-
-
-@pytest.fixture(scope="module")
-def ray_three_cpus():
-    if ray.is_initialized():
-        ray.shutdown()
-    init_ray(num_cpus=3)
-    yield
-    ray.shutdown()
 
 
 def test_vllm_tp2_on_its_own_pool_generates_with_the_actors_weights(ray_three_cpus, tmp_path):
