@@ -71,12 +71,8 @@ class Loader:
         return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(-1) - 1})
 
 
-@pytest.mark.parametrize("seed", range(30))
-@pytest.mark.parametrize("max_staleness", [0, 1, 2, 4])
-def test_staleness_never_exceeds_the_bound(seed, max_staleness):
-    rng = random.Random(seed)
-    service, loader, steps = SimulatedService(rng), Loader(), 8
-    rollouts = AsyncRollouts(
+def _rollouts(service: SimulatedService, loader: Loader, max_staleness: int, steps: int) -> AsyncRollouts:
+    return AsyncRollouts(
         service,
         read_prompts=loader.next_batch,
         data_position=loader.state_dict,
@@ -88,6 +84,14 @@ def test_staleness_never_exceeds_the_bound(seed, max_staleness):
         max_staleness=max_staleness,
         total_steps=steps,
     )
+
+
+@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("max_staleness", [0, 1, 2, 4])
+def test_staleness_never_exceeds_the_bound(seed, max_staleness):
+    rng = random.Random(seed)
+    service, loader, steps = SimulatedService(rng), Loader(), 8
+    rollouts = _rollouts(service, loader, max_staleness, steps)
     for step in range(steps):
         batch, metrics = rollouts.take(step, poll_s=0.0)
         # every sample of this step's batch: this step's prompts, each prompt's n samples
@@ -111,18 +115,7 @@ def test_a_sample_over_the_bound_has_its_group_generated_again():
     """Staleness is checked where samples are collected: a sample of an older policy than the bound allows (a
     replica that kept old weights) is regenerated with its group, and counted."""
     service, loader = SimulatedService(random.Random(0)), Loader()
-    rollouts = AsyncRollouts(
-        service,
-        read_prompts=loader.next_batch,
-        data_position=loader.state_dict,
-        n=N,
-        temperature=1.0,
-        response_length=WIDTH,
-        eos_ids=[2],
-        pad_id=0,
-        max_staleness=1,
-        total_steps=4,
-    )
+    rollouts = _rollouts(service, loader, max_staleness=1, steps=4)
     rollouts.fill(0)
     service.version = -5  # a replica that missed updates: what it samples now is 5+ versions behind
     service.tick()
