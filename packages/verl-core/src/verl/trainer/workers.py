@@ -29,9 +29,9 @@ class Workers:
 
     def sync_weights(self, version: int) -> Dict[str, float]:
         """Send the actor's weights (policy `version`) to the rollout's own pool and wait until it has loaded them
-        (a rollout still generating finishes first: a worker runs its calls in order). Metrics: the bytes, the
-        sender's seconds and GB/s, buckets, and the version every rollout rank holds (rollout/weight_version,
-        the lowest)."""
+        (a rollout still generating a batch finishes it first: a worker runs its calls in order). Metrics: the bytes,
+        buckets and GB/s of the sender's pass, the slowest receiver's seconds (timing/weight_sync_s), and the
+        lowest version any rollout rank holds (rollout/weight_version)."""
         sent = self.actor_rollout.submit(ActorRolloutRefWorker.send_weights, version, self.bucket_bytes)
         received = self.rollout.submit(RolloutWorker.receive_weights, version)
         sender, receivers = sent.result()[0], received.result()

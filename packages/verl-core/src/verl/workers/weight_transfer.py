@@ -6,7 +6,8 @@ tensors (as `TrainEngine.weights()` yields them: FSDP shards gathered, megatron 
 Hugging Face names) in buckets of at most `bucket_bytes`: a small header naming each tensor's name, dtype,
 shape and byte range, then one flat byte buffer, both broadcast from the sender. Receivers rebuild each tensor
 from its bytes (bitwise the sender's) and hand them, one at a time, to their rollout engine's own loader
-(which slices its tensor-parallel shard, as it does for a colocated actor). Memory held in flight: one bucket.
+(which slices its tensor-parallel shard, as it does for a colocated actor). Memory held in flight: the sender's
+bucket of tensors and its flat copy, and a receiver's flat buffer (its tensors are views into it).
 """
 
 from __future__ import annotations
@@ -109,7 +110,9 @@ def send_weights(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
 ) -> TransferStats:
     """Broadcast `weights` to the receivers in buckets; `group` None on actor ranks that only help assemble
-    the tensors (the iterator is collective over the actor's ranks, so every one of them must consume it)."""
+    the tensors (the iterator is collective over the actor's ranks, so every one of them must consume it).
+    The seconds (and GB/s) cover the whole pass: assembling each tensor (FSDP gathers, megatron's TP/PP
+    pieces) and sending it."""
     stats, start = TransferStats(), time.perf_counter()
     bucket: List[Tuple[str, torch.Tensor]] = []
     held = 0
@@ -125,8 +128,8 @@ def send_weights(
             _send_object(group, {"version": version, "entries": entries, "last": last}, device)
             if bucket:
                 flat = torch.zeros(offset, dtype=torch.uint8, device=device)
-                for (_, t), (_, _, _, start, nbytes) in zip(bucket, entries):
-                    flat[start : start + nbytes] = _as_bytes(t.to(device))
+                for (_, t), (_, _, _, at, nbytes) in zip(bucket, entries):
+                    flat[at : at + nbytes] = _as_bytes(t.to(device))
                 _broadcast(group, flat)
             stats.buckets += 1
             stats.bytes += held
