@@ -117,6 +117,7 @@ CASES = [
     ("mode_unknown", ["trainer.mode=one_step"], "trainer.mode", "one_step_off"),
     ("async_colocated", ["trainer.mode=async"], "trainer.mode", "pool of its own"),
     ("negative_staleness", ["trainer.max_staleness=-1"], "trainer.max_staleness", ">= 0"),
+    ("continue_without_the_service", ["rollout.on_replica_failure=continue"], "rollout.on_replica_failure", "async"),
     (
         "async_with_a_tp2_rollout",
         [

@@ -72,11 +72,16 @@ def test_async_trains_within_the_bound_and_resumes_without_skipping_or_repeating
     assert per_step(tmp_path / "resumed.prompts") == per_step(tmp_path / "straight.prompts")[2:]
 
 
+THREE_RANKS = (
+    "placement.devices_per_node=3",
+    "placement.pools=[{name: train, roles: [actor], devices: 1}, {name: gen, roles: [rollout], devices: 2}]",
+)
+
+
 def test_a_replica_that_dies_is_reported_by_name(tmp_path, ray_three_cpus, embedded_cache, monkeypatch):
     monkeypatch.setenv("VERL_CACHE", embedded_cache)
     monkeypatch.setenv("VERL_TEST_PROMPT_LOG", str(tmp_path / "prompts"))
-    pools = "placement.pools=[{name: train, roles: [actor], devices: 1}, {name: gen, roles: [rollout], devices: 2}]"
-    trainer = PPOTrainer(_config(tmp_path, "placement.devices_per_node=3", pools))
+    trainer = PPOTrainer(_config(tmp_path, *THREE_RANKS))
     try:
         assert len(trainer.async_rollouts.client.replicas) == 2
         trainer.train_step()
@@ -85,5 +90,32 @@ def test_a_replica_that_dies_is_reported_by_name(tmp_path, ray_three_cpus, embed
         with pytest.raises(ReplicaFailed, match=r"rollout replica 1 \(rank 1 of pool 'gen'\) failed") as err:
             trainer.train_step()
         assert err.value.replica == 1
+    finally:
+        trainer.close()
+
+
+def test_with_continue_the_run_goes_on_with_the_replicas_left(tmp_path, ray_three_cpus, embedded_cache, monkeypatch):
+    """rollout.on_replica_failure=continue: the dead replica's requests go to the other, the transfer group is formed
+    again without it, and training and validation (through the service) go on."""
+    monkeypatch.setenv("VERL_CACHE", embedded_cache)
+    monkeypatch.setenv("VERL_TEST_PROMPT_LOG", str(tmp_path / "prompts"))
+    cfg = _config(
+        tmp_path, *THREE_RANKS, "rollout.on_replica_failure=continue", "data.val_files=[embedded:arithmetic-val]"
+    )
+    trainer = PPOTrainer(cfg)
+    try:
+        before = trainer.validate()["val/n"]
+        trainer.train_step()
+        trainer.step += 1
+        ray.kill(trainer.workers.rollout.executor.actors[1], no_restart=True)
+        rows = []
+        for _ in range(3):
+            rows.append(trainer.train_step())
+            trainer.step += 1
+        assert trainer.async_rollouts.client.dead == [1] and trainer.workers.rollout_ranks == [0]
+        assert [r["rollout/replicas"] for r in rows] == [1.0, 1.0, 1.0]
+        assert [r["rollout/weight_version"] for r in rows] == [2.0, 3.0, 4.0]  # the live replica keeps up
+        assert all(r["async/staleness_max"] <= 2 for r in rows)
+        assert trainer.validate()["val/n"] == before  # every held-out prompt, on the replica left
     finally:
         trainer.close()

@@ -26,6 +26,10 @@ class SimulatedService:
 
     def __init__(self, rng: random.Random):
         self.rng, self.version, self.live, self.finished = rng, 0, {}, []
+        self.replicas, self.dead = [0], []
+
+    def take_lost(self):
+        return []
 
     def submit(self, requests, groups=None):
         for r in requests:

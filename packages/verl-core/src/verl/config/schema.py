@@ -296,6 +296,9 @@ class RolloutConfig:
     # most one turn), and requests per turn on a replica
     service_chunk_tokens: int = at_least(32, 1)
     service_max_batch: int = at_least(256, 1)
+    # the rollout service: a replica that fails stops the run (naming it), or is dropped and its requests go to the
+    # others (continue; the run stops when none is left)
+    on_replica_failure: str = one_of("stop", "stop", "continue")
 
 
 @dataclass

@@ -151,6 +151,15 @@ def check_hybrid_engine(ctx: Context) -> List[ConfigProblem]:
         )
     if mode == "async":
         problems += _async_problems(ctx)
+    elif value(ctx.cfg, "rollout.on_replica_failure") == "continue":
+        problems.append(
+            error_at(
+                "rollout.on_replica_failure",
+                f"continue drops a failed replica of the rollout service, which trainer.mode={mode} does not run "
+                "(a failed rollout rank stops it, named)",
+                "set trainer.mode=async, or rollout.on_replica_failure=stop",
+            )
+        )
     if mode in OVERLAP_MODES and apart and value(ctx.cfg, "actor.tis_imp_ratio_cap") is None:
         problems.append(
             warning_at(

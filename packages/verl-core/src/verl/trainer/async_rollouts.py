@@ -10,7 +10,8 @@ under this rule) has its whole group generated again under the current policy, a
 
 A checkpoint's data position is the one before the oldest batch in flight: a resumed run reads those prompts
 again and generates them anew, so no prompt is skipped and no sample trained twice (the in-flight samples are
-discarded, and counted).
+discarded, and counted). Requests lost with a failed replica (rollout.on_replica_failure=continue) are submitted
+again to the others (`async/resubmitted`). Validation runs through the service too (`generate_now`).
 """
 
 from __future__ import annotations
@@ -30,13 +31,20 @@ from verl.workers.rollout_server import Finished
 class Slot:
     """One training batch in flight."""
 
-    index: int  # the step that trains on it (0-based)
+    index: int  # the step that trains on it (0-based); negative: a validation batch
     prompts: DataProto  # its prompt rows, with their text columns and uids
-    data_position: Dict[str, Any]  # the data loader's state before these prompts were read
+    data_position: Optional[Dict[str, Any]]  # the data loader's state before these prompts were read
     submitted_version: int
+    n: int = 1  # samples per prompt
+    temperature: float = 1.0
     done: Dict[int, Finished] = field(default_factory=dict)  # by row
     attempt: Dict[int, int] = field(default_factory=dict)  # row -> the attempt whose result counts
     regenerated: int = 0
+    resubmitted: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return len(self.done) == len(self.prompts) * self.n
 
 
 class AsyncRollouts:
@@ -60,6 +68,8 @@ class AsyncRollouts:
         self.max_staleness, self.total_steps = max_staleness, total_steps
         self.slots: List[Slot] = []
         self.next_index = 0
+        self.owner: Dict[str, tuple[Slot, int]] = {}  # request id in flight -> (its slot, its row)
+        self.validations = 0
 
     @staticmethod
     def request_id(index: int, row: int, attempt: int = 0) -> str:
@@ -76,25 +86,42 @@ class AsyncRollouts:
         ):
             position = self.position()
             prompts = self.read_prompts()
-            slot = Slot(self.next_index, prompts, position, version)
+            slot = Slot(self.next_index, prompts, position, version, self.n, self.temperature)
             self._submit(slot, range(len(prompts) * self.n))
             self.slots.append(slot)
             self.next_index += 1
 
     def _submit(self, slot: Slot, rows, attempt: int = 0) -> None:
         ids = unpadded_prompts(slot.prompts)
+        requests = []
         for row in rows:
             slot.attempt[row] = attempt
-        requests = [
-            {
-                "id": self.request_id(slot.index, row, attempt),
-                "prompt": ids[row // self.n],
-                "temperature": self.temperature,
-            }
-            for row in rows
-        ]
-        groups = [f"{slot.index}:{row // self.n}" for row in rows]  # a prompt's samples on one replica
+            rid = self.request_id(slot.index, row, attempt)
+            self.owner[rid] = (slot, row)
+            requests.append({"id": rid, "prompt": ids[row // slot.n], "temperature": slot.temperature})
+        groups = [f"{slot.index}:{row // slot.n}" for row in rows]  # a prompt's samples on one replica
         self.client.submit(requests, groups)
+
+    def _collect(self, poll_s: float) -> None:
+        """Finished requests into their slots (a superseded attempt is dropped); lost ones submitted again."""
+        for f in self.client.poll(poll_s):
+            slot, row = self.owner.pop(f.id, (None, None))
+            if slot is not None and slot.attempt.get(row) == int(f.id.rsplit(":", 1)[1]):
+                slot.done[row] = f
+        for rid in self.client.take_lost():
+            slot, row = self.owner.pop(rid, (None, None))
+            if slot is not None and row not in slot.done:
+                slot.resubmitted += 1
+                self._submit(slot, [row], attempt=slot.attempt[row] + 1)
+
+    def generate_now(self, prompts: DataProto, temperature: float) -> DataProto:
+        """One sample per prompt through the service, waited for (validation); batches ahead keep generating."""
+        self.validations += 1
+        slot = Slot(-self.validations, prompts, None, -1, 1, temperature)
+        self._submit(slot, range(len(prompts)))
+        while not slot.complete:
+            self._collect(0.05)
+        return self._assemble(slot)
 
     def take(self, version: int, poll_s: float = 0.05) -> tuple[DataProto, Dict[str, float]]:
         """The batch of step `version` (the trainer's updates so far), once every one of its samples is done."""
@@ -105,13 +132,8 @@ class AsyncRollouts:
                 f"async rollouts: step {version} wants batch {version}, the oldest in flight is {slot.index}"
             )
         start = time.perf_counter()
-        want = len(slot.prompts) * self.n
-        while len(slot.done) < want:
-            for f in self.client.poll(poll_s):
-                index, row, attempt = (int(x) for x in f.id.split(":"))
-                target = next((s for s in self.slots if s.index == index), None)
-                if target is not None and target.attempt.get(row) == attempt:  # (a superseded attempt is ignored)
-                    target.done[row] = f
+        while not slot.complete:
+            self._collect(poll_s)
             self._check_stale(slot, version)
         self.slots.pop(0)
         waited = time.perf_counter() - start
@@ -119,6 +141,8 @@ class AsyncRollouts:
         metrics = {
             "async/queue_batches": float(len(self.slots)),  # batches still generating after this one
             "async/regenerated": float(slot.regenerated),
+            "async/resubmitted": float(slot.resubmitted),
+            "rollout/replicas": float(len(self.client.replicas)),
             "timing/rollout_wait_s": waited,
         }
         return batch, metrics
@@ -130,15 +154,18 @@ class AsyncRollouts:
             return
         groups = sorted({row // self.n for row in stale})
         rows = [g * self.n + k for g in groups for k in range(self.n)]
-        self.client.abort([self.request_id(slot.index, r, slot.attempt[r]) for r in rows if r not in slot.done])
+        old = [self.request_id(slot.index, r, slot.attempt[r]) for r in rows if r not in slot.done]
+        self.client.abort(old)
+        for rid in old:
+            self.owner.pop(rid, None)
         for row in rows:
             slot.done.pop(row, None)
         slot.regenerated += len(rows)
         self._submit(slot, rows, attempt=max(slot.attempt[r] for r in rows) + 1)
 
     def _assemble(self, slot: Slot) -> DataProto:
-        rows = [slot.done[i] for i in range(len(slot.prompts) * self.n)]
-        prompts = slot.prompts.repeat(self.n, interleave=True)
+        rows = [slot.done[i] for i in range(len(slot.prompts) * slot.n)]
+        prompts = slot.prompts.repeat(slot.n, interleave=True) if slot.n > 1 else slot.prompts
         responses = pad_rows([f.tokens for f in rows], self.width, self.pad_id, torch.long)
         log_probs = pad_rows([f.log_probs for f in rows], self.width, 0.0, torch.float32)
         lengths = torch.tensor([len(f.tokens) for f in rows])
@@ -151,4 +178,4 @@ class AsyncRollouts:
         return self.slots[0].data_position if self.slots else self.position()
 
     def in_flight_samples(self) -> int:
-        return sum(len(s.prompts) * self.n for s in self.slots)
+        return sum(len(s.prompts) * s.n for s in self.slots)

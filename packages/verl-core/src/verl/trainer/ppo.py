@@ -158,6 +158,7 @@ class PPOTrainer:
             chunk=r.service_chunk_tokens,
             max_batch=r.service_max_batch,
             pool=self.plan.pool("rollout").name,
+            on_failure=r.on_replica_failure,
         )
         eos = self.tokenizer.eos_token_id
         pad = self.tokenizer.pad_token_id
@@ -182,6 +183,7 @@ class PPOTrainer:
         rollout service's batch for this step, once all its samples are done (the next ones keep generating)."""
         if self.async_rollouts is not None:
             batch, self.rollout_info = self.async_rollouts.take(self.step)
+            self._drop_failed_replicas()
             counters = self.async_rollouts.client.take_counters()
             self.rollout_gen_s += counters.get("busy_s", 0.0) / max(1, len(self.async_rollouts.client.replicas))
             self.rollout_info["async/interrupted"] = counters.get("interrupted", 0.0)  # samples midway at a sync
@@ -195,6 +197,12 @@ class PPOTrainer:
         if self.plan.mode == "one_step_off" and self.step + 1 < self.plan.total_steps:
             self.ahead = self.submit_generate(self.train_loader.next_batch())
         return pending.result()
+
+    def _drop_failed_replicas(self) -> None:
+        """rollout.on_replica_failure=continue: the weights go to the replicas still alive."""
+        alive = [r for r in self.workers.rollout_ranks if r not in self.async_rollouts.client.dead]
+        if alive != self.workers.rollout_ranks:
+            self.workers.join_weight_transfer(alive)
 
     def generate(self, prompts: DataProto) -> DataProto:
         return self.submit_generate(prompts).result()
@@ -415,10 +423,14 @@ class PPOTrainer:
             return {}
         scores: List[torch.Tensor] = []
         for prompts in self.val_loader:
-            prompts, pad = pad_to_multiple(prompts, self.dp)
-            out = self.sample(prompts, n=1, temperature=self.cfg.rollout.val_temperature)
-            if pad:
-                out = out[list(range(len(out) - pad))]
+            if self.async_rollouts is not None:  # through the service, beside the batches it generates ahead
+                out = self.async_rollouts.generate_now(prompts, self.cfg.rollout.val_temperature)
+                self._drop_failed_replicas()
+            else:
+                prompts, pad = pad_to_multiple(prompts, self.dp)
+                out = self.sample(prompts, n=1, temperature=self.cfg.rollout.val_temperature)
+                if pad:
+                    out = out[list(range(len(out) - pad))]
             seq_scores, _ = self.reward(out)
             scores.append(seq_scores.sum(-1))
         s = torch.cat(scores)
@@ -435,7 +447,7 @@ class PPOTrainer:
             self.workers.actor_rollout.call(ActorRolloutRefWorker.save_checkpoint, path)
             if self.workers.critic is not None:
                 self.workers.critic.call(CriticWorker.save_checkpoint, path)
-            if self.workers.rollout is not None:
+            if self.workers.rollout is not None and self.async_rollouts is None:  # (async: no sampler state to keep)
                 self.workers.rollout.call(RolloutWorker.save_checkpoint, path)
 
         # async: the data position before the oldest batch in flight (a resumed run generates those anew)
@@ -472,8 +484,9 @@ class PPOTrainer:
         set_rng_state(state["rng"])
         self.val_history = state["val_history"]
         self.rollouts = state.get("rollouts", self.rollouts)
-        if self.workers.rollout is not None:  # its sampler's state, then the restored actor's weights
-            self.workers.rollout.call(RolloutWorker.load_checkpoint, path)
+        if self.workers.rollout is not None:  # its sampler's state (not kept by async), then the actor's weights
+            if self.async_rollouts is None:
+                self.workers.rollout.call(RolloutWorker.load_checkpoint, path)
             self.workers.sync_weights(self.step)
         if state.get("ahead") is not None:
             ahead = batch_from_state(state["ahead"])

@@ -6,12 +6,15 @@
     client.abort(["7:0"]); client.pause(); client.resume()
 
 Requests of one group (a prompt's n samples) go to the same replica, the one with the fewest requests in flight.
-A replica that fails (its engine raised, its process died) is reported by name: the run stops with a
-`ReplicaFailed` naming the replica, its rank and pool, and the original error.
+A replica that fails (its engine raised, its process died) is reported by name. With `on_failure="stop"` the run
+stops with a `ReplicaFailed` naming the replica, its rank and pool, and the original error; with "continue" (and
+another replica left) the failure is logged with the same words, the replica is dropped (`dead`), and the ids of
+its requests in flight are handed back (`take_lost`) to be submitted again to the others.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -19,32 +22,55 @@ from verl.controller.errors import WorkerError
 from verl.workers.rollout import RolloutWorker
 from verl.workers.rollout_server import Finished
 
+logger = logging.getLogger(__name__)
+
 
 class ReplicaFailed(RuntimeError):
     """A rollout service replica failed; `replica` is its rank in the rollout's pool."""
 
-    def __init__(self, replica: int, pool: str, method: str, cause: BaseException):
+    def __init__(self, replica: int, pool: str, method: str, cause: BaseException, then: str = "the run stops"):
         self.replica, self.pool = replica, pool
         super().__init__(
-            f"rollout replica {replica} (rank {replica} of pool '{pool}') failed in {method}; the run stops "
-            f"(its requests in flight are lost). The replica's error:\n{cause}"
+            f"rollout replica {replica} (rank {replica} of pool '{pool}') failed in {method}; {then}. "
+            f"The replica's error:\n{cause}"
         )
 
 
 class RolloutClient:
-    def __init__(self, group: Any, *, chunk: int, max_batch: int, pool: str = "rollout"):
-        self.group, self.pool = group, pool
-        self.replicas = list(range(group.world_size))
+    def __init__(self, group: Any, *, chunk: int, max_batch: int, pool: str = "rollout", on_failure: str = "stop"):
+        self.group, self.pool, self.on_failure = group, pool, on_failure
+        self.replicas = list(range(group.world_size))  # the live ones
+        self.dead: List[int] = []
+        self.lost: List[str] = []  # ids of requests that were in flight on a replica that failed
         group.call(RolloutWorker.start_service, chunk, max_batch)
         self.in_flight: Dict[int, int] = {r: 0 for r in self.replicas}
         self.where: Dict[str, int] = {}  # request id -> replica
         self.counters: Dict[str, float] = defaultdict(float)  # turns, tokens, busy_s, interrupted (summed)
 
+    def _failed(self, replica: int, method: str, err: WorkerError) -> None:
+        """Stop the run naming the replica, or (on_failure=continue, another replica left) drop it and hand its
+        requests in flight back."""
+        if self.on_failure != "continue" or len(self.replicas) == 1:
+            raise ReplicaFailed(replica, self.pool, method, err) from err
+        lost = [i for i, r in self.where.items() if r == replica]
+        self.replicas.remove(replica)
+        self.dead.append(replica)
+        for i in lost:
+            del self.where[i]
+        self.lost += lost
+        then = f"continuing on replicas {self.replicas} ({len(lost)} of its requests generated again)"
+        logger.warning("%s", ReplicaFailed(replica, self.pool, method, err, then=then))
+
+    def take_lost(self) -> List[str]:
+        lost, self.lost = self.lost, []
+        return lost
+
     def _call(self, replica: int, method, *args: Any) -> Any:
         try:
             return self.group.submit_to(replica, method, *args).result()
         except WorkerError as err:
-            raise ReplicaFailed(replica, self.pool, method.__name__, err) from err
+            self._failed(replica, method.__name__, err)
+            return None
 
     def submit(self, requests: Sequence[Dict[str, Any]], groups: Optional[Sequence[str]] = None) -> None:
         """Queue requests (id, prompt token ids, temperature, max_tokens); those sharing a group key go together."""
@@ -60,11 +86,17 @@ class RolloutClient:
             for request in members:
                 self.where[request["id"]] = replica
         pending = [(r, self.group.submit_to(r, RolloutWorker.service_submit, reqs)) for r, reqs in batches.items()]
+        again: List[Dict[str, Any]] = []
         for replica, call in pending:
             try:
                 call.result()
             except WorkerError as err:
-                raise ReplicaFailed(replica, self.pool, "service_submit", err) from err
+                self._failed(replica, "service_submit", err)  # (raises unless the others carry on)
+                again += batches[replica]
+        if again:
+            lost = {r["id"] for r in again}
+            self.lost = [i for i in self.lost if i not in lost]  # submitted again here, not by the caller
+            self.submit(again, [g for g, r in zip(groups, requests) if r["id"] in lost])
 
     def poll(self, timeout_s: float = 0.0) -> List[Finished]:
         """Finished requests of every replica (each waits up to timeout_s for one)."""
@@ -74,7 +106,8 @@ class RolloutClient:
             try:
                 out = call.result()
             except WorkerError as err:
-                raise ReplicaFailed(replica, self.pool, "service_poll", err) from err
+                self._failed(replica, "service_poll", err)
+                continue
             for key in ("turns", "tokens", "busy_s", "interrupted"):
                 self.counters[key] += out[key]
             self.in_flight[replica] = out["in_flight"]
@@ -88,14 +121,14 @@ class RolloutClient:
         for i in ids:
             if i in self.where:
                 by_replica[self.where.pop(i)].append(i)
-        return sum(self._call(r, RolloutWorker.service_abort, reqs) for r, reqs in by_replica.items())
+        return sum(self._call(r, RolloutWorker.service_abort, reqs) or 0 for r, reqs in by_replica.items())
 
     def pause(self) -> None:
-        for r in self.replicas:
+        for r in list(self.replicas):
             self._call(r, RolloutWorker.service_pause)
 
     def resume(self) -> None:
-        for r in self.replicas:
+        for r in list(self.replicas):
             self._call(r, RolloutWorker.service_resume)
 
     def take_counters(self) -> Dict[str, float]:

@@ -22,6 +22,20 @@ class Workers:
     pools: List[Any] = field(default_factory=list)  # the run's resource pools, released at shutdown
     rollout: Optional[Any] = None  # a worker group of RolloutWorker, when the rollout has a pool of its own
     bucket_bytes: int = 256 << 20  # rollout.weight_sync_bucket_mb
+    rollout_ranks: List[int] = field(default_factory=list)  # the rollout ranks alive, in the transfer group
+
+    def join_weight_transfer(self, ranks: Optional[List[int]] = None) -> None:
+        """(Re-)form the transfer group: the actor's rank 0 and the rollout `ranks` (default: all)."""
+        self.rollout_ranks = list(range(self.rollout.world_size)) if ranks is None else list(ranks)
+        endpoint = self.actor_rollout.call(ActorRolloutRefWorker.weight_transfer_endpoint)[0]
+        host, port, world = endpoint["host"], endpoint["port"], 1 + len(self.rollout_ranks)
+        joins = [self.actor_rollout.submit(ActorRolloutRefWorker.join_weight_transfer, host, port, world)]
+        joins += [
+            self.rollout.submit_to(r, RolloutWorker.join_weight_transfer, host, port, world, 1 + i)
+            for i, r in enumerate(self.rollout_ranks)
+        ]
+        for pending in joins:
+            pending.result()
 
     @property
     def groups(self) -> List[Any]:
@@ -33,8 +47,13 @@ class Workers:
         buckets and GB/s of the sender's pass, the slowest receiver's seconds (timing/weight_sync_s), and the
         lowest version any rollout rank holds (rollout/weight_version)."""
         sent = self.actor_rollout.submit(ActorRolloutRefWorker.send_weights, version, self.bucket_bytes)
-        received = self.rollout.submit(RolloutWorker.receive_weights, version)
-        sender, receivers = sent.result()[0], received.result()
+        if len(self.rollout_ranks) == self.rollout.world_size:
+            received = self.rollout.submit(RolloutWorker.receive_weights, version)
+            receivers = received.result()
+        else:  # some replicas failed (rollout.on_replica_failure=continue): the others only
+            calls = [self.rollout.submit_to(r, RolloutWorker.receive_weights, version) for r in self.rollout_ranks]
+            receivers = [c.result() for c in calls]
+        sender = sent.result()[0]
         return {
             **sender,
             "timing/weight_sync_s": max(r["timing/weight_sync_s"] for r in receivers),
@@ -94,12 +113,5 @@ def start_workers(cfg: Any, plan: Plan, *, model_path: str, tokenizer_path: Opti
     workers = Workers(actor_rollout, critic, list(pools.values()), rollout, cfg.rollout.weight_sync_bucket_mb << 20)
     if rollout is not None:
         rollout.refresh_dispatch_info("rollout")
-        endpoint = actor_rollout.call(ActorRolloutRefWorker.weight_transfer_endpoint)[0]
-        world = 1 + rollout.world_size
-        joins = [
-            actor_rollout.submit(ActorRolloutRefWorker.join_weight_transfer, endpoint["host"], endpoint["port"], world),
-            rollout.submit(RolloutWorker.join_weight_transfer, endpoint["host"], endpoint["port"], world),
-        ]
-        for pending in joins:
-            pending.result()
+        workers.join_weight_transfer()
     return workers

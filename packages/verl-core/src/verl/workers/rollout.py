@@ -67,10 +67,11 @@ class RolloutWorker(Worker):
         return out
 
     @register(Dispatch.ONE_TO_ALL)
-    def join_weight_transfer(self, host: str, port: int, world: int) -> None:
-        """Join the transfer group as rank 1 + this rank (the actor's rank 0 sends)."""
+    def join_weight_transfer(self, host: str, port: int, world: int, member: Optional[int] = None) -> None:
+        """Join the transfer group as `member` (default 1 + this rank; the actor's rank 0 sends). A group re-formed
+        without a failed replica numbers the others anew."""
         backend = "gloo" if self.cfg.placement.device == "cpu" else "nccl"
-        self.transfer = join_transfer_group(host, port, 1 + self.rank, world, backend)
+        self.transfer = join_transfer_group(host, port, 1 + self.rank if member is None else member, world, backend)
 
     @register(Dispatch.ONE_TO_ALL)
     def receive_weights(self, version: int) -> Dict[str, float]:
