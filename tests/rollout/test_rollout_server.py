@@ -141,3 +141,27 @@ def test_abort_pause_and_an_engine_failure(llama_dir):  # noqa: F811
     with pytest.raises(RuntimeError, match="engine failed: MemoryError"):
         broken.poll(timeout_s=10)
     broken.close()
+
+
+def test_streaming_polls_hand_out_each_token_once_then_the_finished_request(llama_dir):  # noqa: F811
+    engine = _engine(llama_dir, NEVER)
+    server = RolloutServer(engine, eos_ids=[NEVER], pad_id=PAD, max_new_tokens=MAX_NEW, chunk=2)  # 4 turns of 2
+    try:
+        server.submit(_requests(3))
+        streamed: dict = {}
+        done: dict = {}
+        deadline = time.monotonic() + 120
+        while len(done) < 3:
+            assert time.monotonic() < deadline
+            finished, updates = server.poll(timeout_s=1.0, stream=True)
+            for u in updates:
+                assert len(u.tokens) == len(u.log_probs) == len(u.versions) > 0
+                streamed.setdefault(u.id, []).extend(u.tokens)
+            done.update({f.id: f for f in finished})
+    finally:
+        server.close()
+    for rid, f in done.items():
+        # what streamed is a prefix of the finished tokens (the last turn's tokens come with the Finished)
+        assert f.tokens[: len(streamed.get(rid, []))] == streamed.get(rid, [])
+        assert len(f.tokens) == MAX_NEW
+    assert any(streamed.values())  # with 4 turns per request, some tokens were streamed before the end

@@ -119,3 +119,33 @@ def test_with_continue_the_run_goes_on_with_the_replicas_left(tmp_path, ray_thre
         assert trainer.validate()["val/n"] == before  # every held-out prompt, on the replica left
     finally:
         trainer.close()
+
+
+def test_the_client_streams_tokens_from_a_replica(tmp_path, embedded_cache, monkeypatch):
+    """RolloutClient.stream over a real RolloutWorker (in-process): each poll hands out the tokens sampled since
+    the last one, and the finished request holds them all, each with its log-prob and version."""
+    from verl.config.plan import build_plan
+    from verl.controller import local_group
+    from verl.embedded.models import materialize_embedded_model
+    from verl.trainer.rollout_client import RolloutClient
+    from verl.workers.rollout import RolloutWorker
+
+    monkeypatch.setenv("VERL_CACHE", embedded_cache)
+    cfg = _config(tmp_path, "placement.devices_per_node=1", "placement.pools=[{name: gen, roles: [rollout, actor]}]")
+    model = materialize_embedded_model("tiny-llama", embedded_cache)
+    group = local_group(None, RolloutWorker, cfg, build_plan(cfg, total_steps=1), model, role="rollout")
+    try:
+        group.call(RolloutWorker.init_model)
+        client = RolloutClient(group, chunk=2, max_batch=8)
+        client.submit([{"id": f"r{i}", "prompt": [1, 5 + i, 6], "temperature": 1.0} for i in range(4)])
+        streamed, done = {}, {}
+        while len(done) < 4:
+            finished, updates = client.stream(0.5)
+            for u in updates:
+                streamed.setdefault(u.id, []).extend(u.tokens)
+            done.update({f.id: f for f in finished})
+    finally:
+        group.shutdown()
+    for rid, f in done.items():
+        assert f.tokens[: len(streamed.get(rid, []))] == streamed.get(rid, [])
+        assert len(f.log_probs) == len(f.versions) == len(f.tokens) and set(f.versions) == {0}

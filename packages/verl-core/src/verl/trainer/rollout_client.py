@@ -3,6 +3,7 @@
     client = RolloutClient(workers.rollout, chunk=32, max_batch=256)
     client.submit([{"id": "7:0", "prompt": [5, 9, 12], "temperature": 1.0}, ...], groups=[...])
     finished = client.poll(timeout_s=0.1)        # Finished requests from every replica
+    finished, updates = client.stream(0.1)       # ... and the tokens live ones gained since the last call
     client.abort(["7:0"]); client.pause(); client.resume()
 
 Requests of one group (a prompt's n samples) go to the same replica, the one with the fewest requests in flight.
@@ -16,11 +17,11 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from verl.controller.errors import WorkerError
 from verl.workers.rollout import RolloutWorker
-from verl.workers.rollout_server import Finished
+from verl.workers.rollout_server import Finished, Update
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +101,16 @@ class RolloutClient:
 
     def poll(self, timeout_s: float = 0.0) -> List[Finished]:
         """Finished requests of every replica (each waits up to timeout_s for one)."""
-        pending = [(r, self.group.submit_to(r, RolloutWorker.service_poll, timeout_s)) for r in self.replicas]
+        return self._poll(timeout_s, stream=False)[0]
+
+    def stream(self, timeout_s: float = 0.0) -> Tuple[List[Finished], List[Update]]:
+        """Finished requests, and the tokens (with log-probs and versions) live ones gained since the last call."""
+        return self._poll(timeout_s, stream=True)
+
+    def _poll(self, timeout_s: float, stream: bool) -> Tuple[List[Finished], List[Update]]:
+        pending = [(r, self.group.submit_to(r, RolloutWorker.service_poll, timeout_s, stream)) for r in self.replicas]
         finished: List[Finished] = []
+        updates: List[Update] = []
         for replica, call in pending:
             try:
                 out = call.result()
@@ -114,7 +123,8 @@ class RolloutClient:
             for f in out["finished"]:
                 self.where.pop(f["id"], None)
                 finished.append(Finished(**f))
-        return finished
+            updates += [Update(**u) for u in out["updates"]]
+        return finished, updates
 
     def abort(self, ids: Sequence[str]) -> int:
         by_replica: Dict[int, List[str]] = defaultdict(list)

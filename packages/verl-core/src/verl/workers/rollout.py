@@ -133,11 +133,15 @@ class RolloutWorker(Worker):
         return self.server.in_flight()
 
     @register(Dispatch.ONE_TO_ALL)
-    def service_poll(self, timeout_s: float = 0.0) -> Dict[str, Any]:
-        """Finished requests (waiting up to timeout_s for one), with the replica's version and counters."""
-        done = self._service().poll(timeout_s)
+    def service_poll(self, timeout_s: float = 0.0, stream: bool = False) -> Dict[str, Any]:
+        """Finished requests (waiting up to timeout_s for one), with the replica's version and counters; stream:
+        also the tokens live requests gained since the last streaming poll ("updates")."""
+        done, updates = (
+            self._service().poll(timeout_s, stream=True) if stream else (self._service().poll(timeout_s), [])
+        )
         return {
             "finished": [vars(f) for f in done],
+            "updates": [vars(u) for u in updates],
             "version": self.version,
             "in_flight": self.server.in_flight(),
             **self.server.take_stats(),

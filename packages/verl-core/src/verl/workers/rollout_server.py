@@ -4,6 +4,7 @@
     server.submit([Request("a", prompt_ids, temperature=1.0)])
     done = server.poll(timeout_s=1.0)      # finished requests: tokens, log-probs, the version of each token
     server.load_weights(weights, version)  # between two turns; requests in flight continue with the new weights
+    done, news = server.poll(timeout_s=0.1, stream=True)  # ... and the tokens sampled since the last poll
 
 A thread drives the engine in turns: each takes up to `max_batch` live requests (oldest first, one temperature),
 extends each by at most `chunk` tokens in one batched `generate` (the prompt and its tokens so far as the new
@@ -37,6 +38,17 @@ class Request:
     log_probs: List[float] = field(default_factory=list)
     versions: List[int] = field(default_factory=list)  # the policy version that sampled each token
     submitted_at: float = 0.0
+    streamed: int = 0  # tokens already handed out by a streaming poll
+
+
+@dataclass
+class Update:
+    """Tokens a live request gained since the last streaming poll (its log-probs and their versions alongside)."""
+
+    id: str
+    tokens: List[int]
+    log_probs: List[float]
+    versions: List[int]
 
 
 @dataclass
@@ -104,16 +116,28 @@ class RolloutServer:
                 self.live[r.id] = r
             self.cond.notify_all()
 
-    def poll(self, timeout_s: float = 0.0, max_items: int = 0) -> List[Finished]:
-        """Finished requests (oldest first), waiting up to timeout_s for at least one."""
+    def poll(self, timeout_s: float = 0.0, max_items: int = 0, stream: bool = False) -> Any:
+        """Finished requests (oldest first), waiting up to timeout_s for at least one. stream: also the tokens
+        live requests gained since the last streaming poll, as `(finished, updates)`, waiting for either (a
+        finished request's last tokens are in its Finished, not in an Update)."""
         deadline = time.monotonic() + timeout_s
         with self.cond:
             while not self.finished and not self.error and time.monotonic() < deadline:
+                if stream and any(len(r.tokens) > r.streamed for r in self.live.values()):
+                    break
                 self.cond.wait(deadline - time.monotonic())
             self._raise_if_failed()
             take = len(self.finished) if max_items <= 0 else max_items
             out, self.finished = self.finished[:take], self.finished[take:]
-            return out
+            if not stream:
+                return out
+            updates = []
+            for r in self.live.values():
+                if len(r.tokens) > r.streamed:
+                    k = r.streamed
+                    updates.append(Update(r.id, r.tokens[k:], r.log_probs[k:], r.versions[k:]))
+                    r.streamed = len(r.tokens)
+            return out, updates
 
     def abort(self, ids: Iterable[str]) -> int:
         """Drop requests (in flight or finished and not yet polled); returns how many were found."""
