@@ -15,9 +15,11 @@ the pool was.
 from __future__ import annotations
 
 import os
+import random
 import time
 from typing import Any, Dict, Optional
 
+import numpy as np
 import torch
 
 from verl.config.plan import Plan
@@ -48,6 +50,12 @@ class RolloutWorker(Worker):
         from transformers import AutoTokenizer
 
         self.peaks = PhasePeaks(self.device)
+        # The sampler's draws come from this process's generators: seeded, so a run repeats (each replica its own
+        # stream). A Ray worker process does not start from a fixed state.
+        seed = int(self.cfg.trainer.seed) + self.rank
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
         tokenizer = self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         self.engine = rollout_engine(self.cfg, self.plan, model_path=self.model_path, tokenizer=tokenizer, actor=None)
         # `tp` consecutive ranks form one generation engine, get the same prompts, and its first rank returns them.
