@@ -149,3 +149,4 @@ def test_the_client_streams_tokens_from_a_replica(tmp_path, embedded_cache, monk
     for rid, f in done.items():
         assert f.tokens[: len(streamed.get(rid, []))] == streamed.get(rid, [])
         assert len(f.log_probs) == len(f.versions) == len(f.tokens) and set(f.versions) == {0}
+    assert any(streamed.values())  # an untrained model rarely ends early: up to 4 turns of 2 tokens each

@@ -64,6 +64,11 @@ class Worker:
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device(kind)
 
+    @property
+    def collective_backend(self) -> str:
+        """The torch.distributed backend for this worker's device: nccl on CUDA, gloo on CPU."""
+        return "nccl" if os.environ.get(DEVICE_ENV, "cpu") == "cuda" else "gloo"
+
     def init_distributed(self, backend: str = "gloo", timeout_s: int = 300) -> None:
         """Join the group's default torch.distributed process group (env://); a second call is a no-op.
 

@@ -51,6 +51,7 @@ from verl.utils.rng import get_rng_state, set_rng_state
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from verl.workers.columns import CRITIC_UPDATE, MODEL_INPUTS, PROMPTS, actor_update_columns
 from verl.workers.critic import CriticWorker
+from verl.workers.engines import eos_and_pad
 from verl.workers.rollout import RolloutWorker
 
 logger = logging.getLogger(__name__)
@@ -160,8 +161,7 @@ class PPOTrainer:
             pool=self.plan.pool("rollout").name,
             on_failure=r.on_replica_failure,
         )
-        eos = self.tokenizer.eos_token_id
-        pad = self.tokenizer.pad_token_id
+        eos_ids, pad_id = eos_and_pad(self.tokenizer)
         return AsyncRollouts(
             client,
             read_prompts=lambda: self.with_uids(self.train_loader.next_batch()),
@@ -169,8 +169,8 @@ class PPOTrainer:
             n=r.n,
             temperature=r.temperature,
             response_length=self.plan.response_length,
-            eos_ids=[eos] if isinstance(eos, int) else list(eos),
-            pad_id=pad if pad is not None else eos,
+            eos_ids=eos_ids,
+            pad_id=pad_id,
             max_staleness=self.cfg.trainer.max_staleness,
             total_steps=self.plan.total_steps,
         )

@@ -47,12 +47,9 @@ class Workers:
         buckets and GB/s of the sender's pass, the slowest receiver's seconds (timing/weight_sync_s), and the
         lowest version any rollout rank holds (rollout/weight_version)."""
         sent = self.actor_rollout.submit(ActorRolloutRefWorker.send_weights, version, self.bucket_bytes)
-        if len(self.rollout_ranks) == self.rollout.world_size:
-            received = self.rollout.submit(RolloutWorker.receive_weights, version)
-            receivers = received.result()
-        else:  # some replicas failed (rollout.on_replica_failure=continue): the others only
-            calls = [self.rollout.submit_to(r, RolloutWorker.receive_weights, version) for r in self.rollout_ranks]
-            receivers = [c.result() for c in calls]
+        # the ranks in the transfer group: all, or those left after a replica failed (on_replica_failure=continue)
+        calls = [self.rollout.submit_to(r, RolloutWorker.receive_weights, version) for r in self.rollout_ranks]
+        receivers = [c.result() for c in calls]
         sender = sent.result()[0]
         return {
             **sender,

@@ -80,6 +80,7 @@ class ActorRolloutRefWorker(Worker):
         self.tokenizer_path = tokenizer_path or model_path
         self.roles = [r for r in ROLES if plan.has(r) and (roles is None or r in roles)]
         self.actor = self.rollout = self.ref = None
+        self.transfer = None  # rank 0's member of the transfer group to a rollout pool of its own, once joined
 
     def _need(self, role: str) -> Any:
         engine = getattr(self, role)
@@ -209,24 +210,16 @@ class ActorRolloutRefWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def join_weight_transfer(self, host: str, port: int, world: int) -> None:
         """Rank 0 joins the transfer group as its sender (rank 0); the other ranks only help assemble tensors."""
-        self.transfer = None
-        if self.rank == 0:
-            backend = "gloo" if self.cfg.placement.device == "cpu" else "nccl"
-            self.transfer = join_transfer_group(host, port, 0, world, backend)
+        self.transfer = join_transfer_group(host, port, 0, world, self.collective_backend) if self.rank == 0 else None
 
     @register(Dispatch.ONE_TO_ALL)
     def send_weights(self, version: int, bucket_bytes: int) -> Dict[str, float]:
         """Stream the actor's full weights to the rollout pool (collective with `RolloutWorker.receive_weights`;
         every actor rank takes part in assembling them, rank 0 sends)."""
         actor = self._need("actor")
-        device = self.device if self.cfg.placement.device != "cpu" else torch.device("cpu")
         with self.peaks("weight_sync"):
             stats = send_weights(
-                getattr(self, "transfer", None),
-                actor.weights(),
-                version=version,
-                device=device,
-                bucket_bytes=bucket_bytes,
+                self.transfer, actor.weights(), version=version, device=self.device, bucket_bytes=bucket_bytes
             )
         return {**stats.metrics(), "perf/weight_sync_comm_bytes": float(actor.sync_received_bytes())}
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from omegaconf import OmegaConf
 
@@ -43,6 +43,13 @@ def _lora(section: Any) -> Optional[LoraConfig]:
     return LoraConfig(**OmegaConf.to_container(lora, resolve=True))
 
 
+def eos_and_pad(tokenizer: Any) -> Tuple[List[int], int]:
+    """The tokenizer's eos ids, as a list, and its pad id (the first eos id when it has none)."""
+    eos = tokenizer.eos_token_id
+    eos_ids = [eos] if isinstance(eos, int) else list(eos)
+    return eos_ids, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+
+
 def rollout_settings(cfg: Any, plan: Plan, tokenizer: Any) -> Dict[str, Any]:
     """What every rollout engine is built from, besides its config section (`cfg.rollout`)."""
     eos = tokenizer.eos_token_id
@@ -50,7 +57,7 @@ def rollout_settings(cfg: Any, plan: Plan, tokenizer: Any) -> Dict[str, Any]:
         max_new_tokens=plan.response_length,
         max_prompt_length=plan.prompt_length,
         eos_token_id=eos,
-        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos,
+        pad_token_id=eos_and_pad(tokenizer)[1],
         device=cfg.placement.device,
         dtype=cfg.model.dtype,
         seed=cfg.trainer.seed,

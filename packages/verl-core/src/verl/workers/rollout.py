@@ -14,6 +14,7 @@ the pool was.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import time
@@ -27,7 +28,7 @@ from verl.controller import Dispatch, Worker, register
 from verl.protocol import DataProto
 from verl.utils.memory import PhasePeaks
 from verl.utils.rng import get_rng_state, safe_load, set_rng_state
-from verl.workers.engines import rollout_engine
+from verl.workers.engines import eos_and_pad, rollout_engine
 from verl.workers.rollout_server import Request, RolloutServer
 from verl.workers.setup import setup_worker
 from verl.workers.weight_transfer import TransferStats, join_transfer_group, receive_weights
@@ -46,7 +47,7 @@ class RolloutWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         setup_worker(self.cfg)
-        self.init_distributed("gloo" if self.cfg.placement.device == "cpu" else "nccl")
+        self.init_distributed(self.collective_backend)
         from transformers import AutoTokenizer
 
         self.peaks = PhasePeaks(self.device)
@@ -78,8 +79,8 @@ class RolloutWorker(Worker):
     def join_weight_transfer(self, host: str, port: int, world: int, member: Optional[int] = None) -> None:
         """Join the transfer group as `member` (default 1 + this rank; the actor's rank 0 sends). A group re-formed
         without a failed replica numbers the others anew."""
-        backend = "gloo" if self.cfg.placement.device == "cpu" else "nccl"
-        self.transfer = join_transfer_group(host, port, 1 + self.rank if member is None else member, world, backend)
+        member = 1 + self.rank if member is None else member
+        self.transfer = join_transfer_group(host, port, member, world, self.collective_backend)
 
     @register(Dispatch.ONE_TO_ALL)
     def receive_weights(self, version: int) -> Dict[str, float]:
@@ -88,9 +89,8 @@ class RolloutWorker(Worker):
         if self.transfer is None:
             raise RuntimeError("receive_weights before join_weight_transfer: the transfer group is not set up")
         stats = TransferStats()
-        device = self.device if self.cfg.placement.device != "cpu" else torch.device("cpu")
         with self.peaks("weight_sync"):
-            weights = receive_weights(self.transfer, device, stats)
+            weights = receive_weights(self.transfer, self.device, stats)
             if self.server is not None:
                 # Received into host memory while the service keeps generating (one copy of the weights), then
                 # swapped in between two of its turns; requests midway continue with them.
@@ -109,8 +109,6 @@ class RolloutWorker(Worker):
 
     def _engine(self):
         """Exclusive use of the engine: a running service's turns pause while a batch call uses it."""
-        import contextlib
-
         return self.server.engine_lock if self.server is not None else contextlib.nullcontext()
 
     # ---- the rollout service (one replica per rank; the trainer's RolloutClient calls each rank) -------------
@@ -122,12 +120,11 @@ class RolloutWorker(Worker):
                 "the rollout service serves tp=1 replicas (validate refuses trainer.mode=async with tp>1)"
             )
         if self.server is None:
-            tok = self.tokenizer
-            eos = tok.eos_token_id
+            eos_ids, pad_id = eos_and_pad(self.tokenizer)
             self.server = RolloutServer(
                 self.engine,
-                eos_ids=[eos] if isinstance(eos, int) else list(eos),
-                pad_id=tok.pad_token_id if tok.pad_token_id is not None else eos,
+                eos_ids=eos_ids,
+                pad_id=pad_id,
                 max_new_tokens=self.plan.response_length,
                 chunk=chunk,
                 max_batch=max_batch,

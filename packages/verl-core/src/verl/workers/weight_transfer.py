@@ -60,20 +60,15 @@ def join_transfer_group(
     return TransferGroup(group, store, rank, world)
 
 
-def _broadcast(group: TransferGroup, tensor: torch.Tensor) -> torch.Tensor:
-    return group.broadcast(tensor)
-
-
-def _send_object(group: TransferGroup, obj: Any, device: torch.device) -> int:
+def _send_object(group: TransferGroup, obj: Any, device: torch.device) -> None:
     data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
-    _broadcast(group, torch.tensor([data.numel()], dtype=torch.int64, device=device))
-    _broadcast(group, data)
-    return data.numel() + 8
+    group.broadcast(torch.tensor([data.numel()], dtype=torch.int64, device=device))
+    group.broadcast(data)
 
 
 def _receive_object(group: TransferGroup, device: torch.device) -> Any:
-    size = _broadcast(group, torch.zeros(1, dtype=torch.int64, device=device))
-    data = _broadcast(group, torch.empty(int(size.item()), dtype=torch.uint8, device=device))
+    size = group.broadcast(torch.zeros(1, dtype=torch.int64, device=device))
+    data = group.broadcast(torch.empty(int(size.item()), dtype=torch.uint8, device=device))
     # The header comes from the actor's rank 0 of this same run (a process the run started), not from a file.
     return pickle.loads(data.cpu().numpy().tobytes())
 
@@ -130,7 +125,7 @@ def send_weights(
                 flat = torch.zeros(offset, dtype=torch.uint8, device=device)
                 for (_, t), (_, _, _, at, nbytes) in zip(bucket, entries):
                     flat[at : at + nbytes] = _as_bytes(t.to(device))
-                _broadcast(group, flat)
+                group.broadcast(flat)
             stats.buckets += 1
             stats.bytes += held
         bucket, held = [], 0
@@ -158,7 +153,7 @@ def receive_weights(
         entries = header["entries"]
         if entries:
             last = entries[-1][3] + entries[-1][4]
-            flat = _broadcast(group, torch.empty(-(-last // ALIGN) * ALIGN, dtype=torch.uint8, device=device))
+            flat = group.broadcast(torch.empty(-(-last // ALIGN) * ALIGN, dtype=torch.uint8, device=device))
             for name, dtype, shape, offset, nbytes in entries:
                 tensor = flat[offset : offset + nbytes].view(getattr(torch, dtype)).view(shape)
                 stats.bytes += nbytes
