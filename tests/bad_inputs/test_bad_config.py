@@ -112,12 +112,49 @@ CASES = [
         "hf rollout loads no LoRA adapters",
     ),
     ("lora_sync_unknown", ["rollout.lora_sync=adapters"], "rollout.lora_sync", "adapter"),
+    # agent loops (rollout.agent)
+    ("agent_loop_unknown", ["rollout.agent.loop=tools_agent"], "rollout.agent.loop", "tool_agent"),
+    ("tool_agent_without_tools", ["rollout.agent.loop=tool_agent"], "rollout.agent.tools", "calculator"),
+    (
+        "tool_unknown",
+        ["rollout.agent.loop=tool_agent", "rollout.agent.tools=[{{name: calculater}}]"],
+        "rollout.agent.tools[0]",
+        "calculator",
+    ),
+    (
+        "tool_parser_unknown",
+        [
+            "rollout.agent.loop=tool_agent",
+            "rollout.agent.tools=[{{name: calculator}}]",
+            "rollout.agent.tool_parser=json",
+        ],
+        "rollout.agent.tool_parser",
+        "hermes",
+    ),
+    ("env_agent_without_env", ["rollout.agent.loop=env_agent"], "rollout.agent.env", "reset(sample)"),
+    (
+        "agent_max_turns_zero",
+        ["rollout.agent.loop=single_turn", "rollout.agent.max_turns=0"],
+        "rollout.agent.max_turns",
+        ">= 1",
+    ),
     # placement of a rollout apart from the actor, and the modes that overlap them
     ("one_step_off_colocated", ["trainer.mode=one_step_off"], "trainer.mode", "pool of its own"),
     ("mode_unknown", ["trainer.mode=one_step"], "trainer.mode", "one_step_off"),
     ("async_colocated", ["trainer.mode=async"], "trainer.mode", "pool of its own"),
     ("negative_staleness", ["trainer.max_staleness=-1"], "trainer.max_staleness", ">= 0"),
     ("continue_without_the_service", ["rollout.on_replica_failure=continue"], "rollout.on_replica_failure", "async"),
+    (
+        "async_with_an_agent_loop",
+        [
+            "trainer.mode=async",
+            "rollout.agent.loop=single_turn",
+            "placement.devices_per_node=2",
+            "placement.pools=[{{name: train, roles: [actor], devices: 1}}, {{name: gen, roles: [rollout]}}]",
+        ],
+        "trainer.mode",
+        "agent loops run in trainer.mode=sync and one_step_off",
+    ),
     (
         "async_with_a_tp2_rollout",
         [

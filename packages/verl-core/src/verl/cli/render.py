@@ -117,6 +117,11 @@ def _batch_lines(plan: Plan) -> List[str]:
             f"and the rollout's {_count(rollout.size, 'rank')}, {'gloo' if plan.device == 'cpu' else 'nccl'}), "
             "full tensors in buckets (rollout.weight_sync_bucket_mb)"
         )
+    if plan.agent_loop is not None:
+        lines.append(
+            f"rollout: agent loop {plan.agent_loop}, up to {_count(plan.agent_max_turns, 'model turn')} per "
+            f"trajectory in {plan.response_length} response tokens (tool results included, untrained)"
+        )
     if plan.mode == "one_step_off":
         lines.append(
             "mode: one_step_off: the rollout generates step k+1's batch while the actor trains on step k's (samples "

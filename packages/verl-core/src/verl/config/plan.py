@@ -152,6 +152,9 @@ class Plan:
     # trainer.mode: sync (generate, then train) or one_step_off (the next batch generated while the actor trains)
     mode: str = "sync"
     max_staleness: int = 1  # trainer.mode=async: the bound on a sample's policy lag (trainer.max_staleness)
+    # rollout.agent.loop: the agent loop that makes each sample's trajectory (None: one completion per sample)
+    agent_loop: Optional[str] = None
+    agent_max_turns: int = 1
     controller: str = "ray"  # what runs the workers: trainer.controller, with auto resolved (_controller)
     controller_why: str = ""
     threads: Optional[int] = None  # CPU: torch threads of each worker process (None on GPUs)
@@ -334,10 +337,19 @@ def draft_plan(cfg: Any, total_steps: Optional[int] = None) -> Draft:
         balance_dp=_balance_dp(cfg, layouts),
         mode=str(value(cfg, "trainer.mode") or "sync"),
         max_staleness=int(value(cfg, "trainer.max_staleness") or 0),
+        agent_loop=_agent_loop(value(cfg, "rollout.agent.loop")),
+        agent_max_turns=int(value(cfg, "rollout.agent.max_turns") or 1),
     )
     plan = dataclasses.replace(plan, **_controller(cfg, plan))
     plan = dataclasses.replace(plan, **_threads(cfg, plan))
     return Draft(roles, role_pool, plan, tuple(problems + found + layout_problems))
+
+
+def _agent_loop(loop: Any) -> Optional[str]:
+    """The agent loop's name, or its _target_."""
+    if loop is None or isinstance(loop, str):
+        return loop
+    return str(loop.get("_target_", loop)) if hasattr(loop, "get") else str(loop)
 
 
 def _controller(cfg: DictConfig, plan: Plan) -> dict:

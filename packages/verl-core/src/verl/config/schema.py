@@ -268,6 +268,22 @@ class ActorConfig:
 
 
 @dataclass
+class AgentConfig:
+    """Multi-turn rollouts (verl.agents): an agent loop per sample, its model turns served by the rollout."""
+
+    # None: one completion per sample (batched, as without agents); a registered loop (single_turn, tool_agent,
+    # env_agent) or {_target_: pkg.module.async_loop, **settings}
+    loop: Any = None
+    tools: List[Any] = field(default_factory=list)  # [{name: calculator}, {_target_: pkg.module.Tool, ...}]
+    tool_parser: str = "hermes"  # how tool calls are read from a model turn (verl.agents.parsers): hermes | plain
+    max_turns: int = at_least(4, 1)  # model turns per trajectory
+    tool_timeout_s: float = positive(10.0)  # per call; a call over it is answered "took longer than ..."
+    max_wall_s: Optional[float] = positive(None)  # per trajectory (None: no limit); over it, it ends where it is
+    max_in_flight: int = at_least(1024, 1)  # trajectories running at once
+    env: Any = None  # env_agent: {_target_: pkg.module.Env, ...} with reset(sample) and step(action)
+
+
+@dataclass
 class RolloutConfig:
     backend: str = "hf"  # hf | vllm | sglang
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # generation layout: tp (and derived dp)
@@ -299,6 +315,7 @@ class RolloutConfig:
     # the rollout service: a replica that fails stops the run (naming it), or is dropped and its requests go to the
     # others (continue; the run stops when none is left)
     on_replica_failure: str = one_of("stop", "stop", "continue")
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
 
 @dataclass

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from verl.config.agent_checks import check_agent
 from verl.config.algorithm_checks import (
     check_dapo,
     check_full_kl,
@@ -590,6 +591,7 @@ CHECKS: Sequence[Check] = (
     check_kl_has_a_reference,
     check_dapo,
     check_reward,
+    check_agent,
 )
 
 

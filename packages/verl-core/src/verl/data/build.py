@@ -12,13 +12,17 @@ from verl.data.rl_dataset import RLDataset, collate_rl
 from verl.data.sampler import ResumableSampler
 
 
-def make_rl_dataset(data: Any, files: list[str], tokenizer: Any, cache_dir: str | os.PathLike | None = None) -> Any:
-    """RLDataset over `files`, or the class `data.dataset` names (called with the same arguments)."""
+def make_rl_dataset(
+    data: Any, files: list[str], tokenizer: Any, cache_dir: str | os.PathLike | None = None, tools: Any = None
+) -> Any:
+    """RLDataset over `files`, or the class `data.dataset` names (called with the same arguments; `tools`, the
+    agent's tool schemas for the chat template, only when there are some)."""
     kwargs = {
         "prompt_key": data.prompt_key,
         "max_prompt_length": data.max_prompt_length,
         "filter_overlong_prompts": data.filter_overlong_prompts,
         "cache_dir": cache_dir,
+        **({"tools": tools} if tools else {}),
     }
     if getattr(data, "dataset", None):
         return instantiate(data.dataset, list(files), tokenizer, key="data.dataset", **kwargs)
@@ -26,7 +30,7 @@ def make_rl_dataset(data: Any, files: list[str], tokenizer: Any, cache_dir: str 
 
 
 def make_rl_dataloaders(
-    data: Any, tokenizer: Any, *, seed: int, cache_dir: str | os.PathLike | None = None
+    data: Any, tokenizer: Any, *, seed: int, cache_dir: str | os.PathLike | None = None, tools: Any = None
 ) -> tuple[DataLoader, DataLoader | None]:
     """(train loader, val loader or None when data.val_files is empty).
 
@@ -35,12 +39,12 @@ def make_rl_dataloaders(
     in file order with the last partial batch kept.
     """
     collate = functools.partial(collate_rl, tokenizer=tokenizer, max_prompt_length=data.max_prompt_length)
-    train = make_rl_dataset(data, data.train_files, tokenizer, cache_dir)
+    train = make_rl_dataset(data, data.train_files, tokenizer, cache_dir, tools)
     train_sampler = ResumableSampler(len(train), batch_size=data.train_batch_size, shuffle=data.shuffle, seed=seed)
     train_loader = DataLoader(train, train_sampler, collate)
     if not data.val_files:
         return train_loader, None
-    val = make_rl_dataset(data, data.val_files, tokenizer, cache_dir)
+    val = make_rl_dataset(data, data.val_files, tokenizer, cache_dir, tools)
     val_sampler = ResumableSampler(
         len(val), batch_size=data.val_batch_size or len(val), shuffle=False, seed=seed, drop_last=False
     )

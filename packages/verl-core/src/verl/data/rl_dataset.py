@@ -16,6 +16,7 @@ from torch.nn.utils.rnn import pad_sequence
 from verl.data.prompt_cache import cached_prompts
 from verl.data.rows import MESSAGES_FORMAT, check_messages, read_columns, render_prompts, warn_dropped
 from verl.embedded.arithmetic import resolve_data_files
+from verl.embedded.cache import settings_hash
 from verl.protocol import DataProto
 
 REQUIRED_COLUMNS = {
@@ -42,11 +43,13 @@ class RLDataset:
         max_prompt_length: int,
         filter_overlong_prompts: bool = True,
         cache_dir: str | os.PathLike | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> None:
+        """tools: the agent's tools (JSON schemas), rendered into every prompt by the chat template."""
         if max_prompt_length < 1:
             raise ValueError(f"max_prompt_length must be >= 1, got {max_prompt_length}")
         self.max_prompt_length = max_prompt_length
-        self.cache_dir = cache_dir
+        self.cache_dir, self.tools = cache_dir, tools or None
         self.files = resolve_data_files(files, cache_dir)
         if not self.files:
             raise ValueError("RLDataset needs at least one data file; got an empty list")
@@ -66,10 +69,11 @@ class RLDataset:
         conversations = [check_messages(v, path, i, prompt_key) for i, v in enumerate(columns[prompt_key])]
 
         def tokenise() -> tuple[list[str], list[list[int]]]:
-            texts = render_prompts(tokenizer, conversations)
+            texts = render_prompts(tokenizer, conversations, self.tools)
             return texts, (tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
 
-        texts, ids = cached_prompts(path, tokenizer, prompt_key, tokenise, self.cache_dir)
+        key = prompt_key if self.tools is None else f"{prompt_key}+tools-{settings_hash(self.tools)}"
+        texts, ids = cached_prompts(path, tokenizer, key, tokenise, self.cache_dir)
         extra_infos = columns.get("extra_info") or [None] * n_rows
         n_dropped = 0
         for i in range(n_rows):

@@ -45,11 +45,12 @@ def check_messages(value: Any, path: str, row: int, column: str) -> list[dict[st
     return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
-def render_prompts(tokenizer: Any, conversations: list[list[dict[str, str]]]) -> list[str]:
-    """The prompt text of each conversation: the tokenizer's chat template with the generation prompt."""
+def render_prompts(tokenizer: Any, conversations: list[list[dict[str, str]]], tools: Any = None) -> list[str]:
+    """The prompt text of each conversation: the tokenizer's chat template with the generation prompt (and the
+    tools' schemas, when given)."""
     if not conversations:
         return []
-    return tokenizer.apply_chat_template(conversations, add_generation_prompt=True, tokenize=False)
+    return tokenizer.apply_chat_template(conversations, tools=tools, add_generation_prompt=True, tokenize=False)
 
 
 def warn_dropped(path: str, dropped: int, total: int, what: str) -> None:

@@ -1,7 +1,9 @@
-"""The SFT data set: parquet rows of prompt (chat messages) and response (str), for a warm start.
+"""The SFT data set: parquet rows of prompt (chat messages) and response (str), or of whole conversations.
 
 An example is the chat-templated prompt, then the response, then <eos>; the loss covers the response
-and the <eos>, so the model learns both the answer and where to stop.
+and the <eos>, so the model learns both the answer and where to stop. A file with a `messages` column (and no
+response column) holds multi-turn conversations (user, assistant, tool, ... messages, e.g. tool-use traces):
+the loss covers every assistant turn through its <eos>; tool results and user turns are context.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import pyarrow.parquet as pq
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
@@ -39,7 +42,7 @@ class SFTDataset:
         self.files = resolve_data_files(files, cache_dir)
         if not self.files:
             raise ValueError("SFTDataset needs at least one data file; got an empty list")
-        self.examples: list[tuple[list[int], int]] = []  # (token ids, number of prompt tokens)
+        self.examples: list[tuple[list[int], list[int]]] = []  # (token ids, loss mask)
         self.n_filtered = 0
         for path in self.files:
             self._load(path, tokenizer, prompt_key, response_key, filter_overlong)
@@ -47,6 +50,26 @@ class SFTDataset:
             raise ValueError(f"no examples left in {self.files}: all are longer than max_length={max_length} tokens")
 
     def _load(self, path: str, tokenizer: Any, prompt_key: str, response_key: str, filter_overlong: bool) -> None:
+        names = pq.read_schema(path).names if os.path.isfile(path) else []
+        if response_key not in names and "messages" in names:
+            examples = self._conversations(path, tokenizer)
+        else:
+            examples = self._pairs(path, tokenizer, prompt_key, response_key)
+        n_dropped = 0
+        for i, (ids, mask) in enumerate(examples):
+            if len(ids) > self.max_length:
+                if not filter_overlong:
+                    raise ValueError(
+                        f"{path}: row {i}: example has {len(ids)} tokens, more than max_length={self.max_length}"
+                    )
+                n_dropped += 1
+                continue
+            self.examples.append((ids, mask))
+        self.n_filtered += n_dropped
+        warn_dropped(path, n_dropped, len(examples), f"examples longer than max_length={self.max_length}")
+
+    def _pairs(self, path: str, tokenizer: Any, prompt_key: str, response_key: str) -> list[tuple[list, list]]:
+        """prompt (messages) + response (str) + eos; the loss covers the response and the eos."""
         required = {prompt_key: MESSAGES_FORMAT, response_key: "a str: the assistant's reply to learn"}
         columns = read_columns(path, required)
         conversations = [check_messages(v, path, i, prompt_key) for i, v in enumerate(columns[prompt_key])]
@@ -57,29 +80,50 @@ class SFTDataset:
         texts = render_prompts(tokenizer, conversations)
         prompt_ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
         response_ids = tokenizer(responses, add_special_tokens=False)["input_ids"] if responses else []
-        n_dropped = 0
-        for i, (prompt, response) in enumerate(zip(prompt_ids, response_ids)):
-            ids = prompt + response + [tokenizer.eos_token_id]
-            if len(ids) > self.max_length:
-                if not filter_overlong:
-                    raise ValueError(
-                        f"{path}: row {i}: example has {len(ids)} tokens, more than max_length={self.max_length}"
-                    )
-                n_dropped += 1
-                continue
-            self.examples.append((ids, len(prompt)))
-        self.n_filtered += n_dropped
-        warn_dropped(path, n_dropped, len(responses), f"examples longer than max_length={self.max_length}")
+        return [
+            (prompt + response + [tokenizer.eos_token_id], [0] * len(prompt) + [1] * (len(response) + 1))
+            for prompt, response in zip(prompt_ids, response_ids)
+        ]
+
+    def _conversations(self, path: str, tokenizer: Any) -> list[tuple[list, list]]:
+        """Whole conversations (a `messages` column: user, assistant, tool, ... turns); the loss covers each
+        assistant turn through its eos, as the model produced it in a multi-turn rollout."""
+        columns = read_columns(path, {"messages": MESSAGES_FORMAT})
+        return [
+            conversation_ids(tokenizer, check_messages(v, path, i, "messages"), where=f"{path}: row {i}")
+            for i, v in enumerate(columns["messages"])
+        ]
 
     def __len__(self) -> int:
         return len(self.examples)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        """input_ids (prompt + response + eos) and loss_mask (1 on the response and eos tokens)."""
-        ids, n_prompt = self.examples[index]
-        loss_mask = torch.zeros(len(ids), dtype=torch.long)
-        loss_mask[n_prompt:] = 1
-        return {"input_ids": torch.tensor(ids, dtype=torch.long), "loss_mask": loss_mask}
+        """input_ids and loss_mask (1 on the tokens to learn: the response(s) and their eos)."""
+        ids, mask = self.examples[index]
+        return {"input_ids": torch.tensor(ids, dtype=torch.long), "loss_mask": torch.tensor(mask, dtype=torch.long)}
+
+
+def conversation_ids(tokenizer: Any, messages: list[dict[str, str]], *, where: str = "") -> tuple[list, list]:
+    """Token ids of a conversation as the chat template renders it, message by message, and the loss mask: 1 on
+    each assistant message's tokens up to and including its eos (what follows the eos, and every other message,
+    is context). Each prefix of the conversation must render as a prefix of the whole."""
+    eos, ids, mask = tokenizer.eos_token_id, [], []
+    for k, message in enumerate(messages):
+        before_assistant = k + 1 < len(messages) and messages[k + 1]["role"] == "assistant"
+        text = tokenizer.apply_chat_template(messages[: k + 1], add_generation_prompt=before_assistant, tokenize=False)
+        full = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if full[: len(ids)] != ids:
+            raise ValueError(
+                f"{where}: the chat template renders messages 0..{k - 1} differently once message {k} "
+                f"({message['role']}) follows, so the turns cannot be told apart"
+            )
+        new = full[len(ids) :]
+        train = [0] * len(new)
+        if message["role"] == "assistant":
+            end = new.index(eos) + 1 if eos in new else len(new)
+            train = [1] * end + [0] * (len(new) - end)
+        ids, mask = full, mask + train
+    return ids, mask
 
 
 def collate_sft(items: Sequence[dict[str, torch.Tensor]], pad_id: int) -> dict[str, torch.Tensor]:

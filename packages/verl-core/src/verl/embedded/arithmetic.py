@@ -111,6 +111,34 @@ def make_sft_rows(
     ]
 
 
+def make_tool_sft_rows(
+    n: int,
+    *,
+    seed: int,
+    split: str = "train",
+    max_operand: int = 49,
+    ops: Sequence[str] = ("*",),
+    tool_share: float = 1.0,
+) -> list[dict[str, Any]]:
+    """`n` conversations (a `messages` column). A share `tool_share` are tool-use traces: the model calls the
+    calculator (`calc(37*45)`, the `plain` tool-call format), reads its result and answers with it; the others
+    answer at once (right, but a model this small cannot do that for problems it has not memorised)."""
+    rows = make_arithmetic_rows(n, seed=seed, split=split, max_operand=max_operand, ops=ops)
+    uses_tool = np.random.default_rng(seed + 1).random(len(rows)) < tool_share
+    out = []
+    for r, tool in zip(rows, uses_tool.tolist()):
+        question, answer = r["prompt"][0]["content"], r["reward_model"]["ground_truth"]
+        messages = [{"role": "user", "content": question}]
+        if tool:
+            messages += [
+                {"role": "assistant", "content": f"calc({question.rstrip('=')})"},
+                {"role": "tool", "content": answer},
+            ]
+        messages.append({"role": "assistant", "content": answer})
+        out.append({"messages": messages, "extra_info": r["extra_info"]})
+    return out
+
+
 @dataclass(frozen=True)
 class ArithmeticFile:
     """One cached parquet file of the task: which rows, how many, in which format."""
@@ -118,22 +146,20 @@ class ArithmeticFile:
     split: str
     n: int
     seed: int
-    kind: str = "rl"  # rl | sft
+    kind: str = "rl"  # rl | sft | tools_sft
     max_operand: int = 49
     ops: tuple[str, ...] = ("+",)
+    tool_share: float = 1.0  # tools_sft: the share of conversations that call the calculator
 
     def rows(self) -> list[dict[str, Any]]:
-        make = {"rl": make_arithmetic_rows, "sft": make_sft_rows}[self.kind]
-        return make(
-            self.n,
-            seed=self.seed,
-            split=self.split,
-            max_operand=self.max_operand,
-            ops=self.ops,
-        )
+        make = {"rl": make_arithmetic_rows, "sft": make_sft_rows, "tools_sft": make_tool_sft_rows}[self.kind]
+        extra = {"tool_share": self.tool_share} if self.kind == "tools_sft" else {}
+        return make(self.n, seed=self.seed, split=self.split, max_operand=self.max_operand, ops=self.ops, **extra)
 
     def path(self, cache_dir: str | os.PathLike | None) -> Path:
         key = {"format": FORMAT_VERSION, **asdict(self)}
+        if self.kind != "tools_sft":
+            del key["tool_share"]  # (the cache keys of the other files stay as they were)
         return cache_root(cache_dir) / "data" / f"arithmetic-{self.kind}-{self.split}-{settings_hash(key)}.parquet"
 
     def materialize(self, cache_dir: str | os.PathLike | None = None) -> str:
@@ -151,6 +177,11 @@ EMBEDDED_DATASETS: dict[str, ArithmeticFile] = {
     "arithmetic": ArithmeticFile(split="train", n=20000, seed=0),
     "arithmetic-val": ArithmeticFile(split="val", n=200, seed=0),
     "arithmetic-sft": ArithmeticFile(split="train", n=20000, seed=1, kind="sft"),
+    # products of two numbers up to 49, which the tiny model cannot compute itself but a calculator can
+    "arithmetic-products": ArithmeticFile(split="train", n=20000, seed=0, ops=("*",)),
+    "arithmetic-products-val": ArithmeticFile(split="val", n=200, seed=0, ops=("*",)),
+    # 600 conversations: 30% call the calculator, the others answer at once
+    "arithmetic-tools-sft": ArithmeticFile(split="train", n=600, seed=1, kind="tools_sft", ops=("*",), tool_share=0.3),
 }
 
 

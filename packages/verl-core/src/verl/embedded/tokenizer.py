@@ -4,7 +4,8 @@ Every character in `CHARACTERS` is one token; anything else becomes <unk>. Decod
 nothing between them, so `decode(encode(text)) == text` for every text made of known characters.
 
 The chat template has no role markup: a conversation renders as its messages' contents in order, and an
-assistant turn is followed by <eos>. `add_generation_prompt` adds nothing, so the prompt
+assistant turn is followed by <eos>
+and a tool's result by a newline. `add_generation_prompt` adds nothing, so the prompt
 [{"role": "user", "content": "12+7="}] is exactly "12+7=" and the model answers right after the "=".
 No <bos> is added: a tiny model learns the arithmetic task as well without it, and prompts stay short.
 """
@@ -23,6 +24,7 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ message['content'] }}"
     "{% if message['role'] == 'assistant' %}{{ eos_token }}{% endif %}"
+    "{% if message['role'] == 'tool' %}{{ '\\n' }}{% endif %}"
     "{% endfor %}"
 )
 

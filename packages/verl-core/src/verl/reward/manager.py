@@ -154,9 +154,13 @@ class RewardManager:
         """Each row's result; a row whose function raised or returned no number raises, or (on_error=score) scores
         error_score and is added to `failures`."""
         n = responses.shape[0]
-        texts = self.tokenizer.batch_decode(
-            [row[m].tolist() for row, m in zip(responses.cpu(), mask.bool().cpu())], skip_special_tokens=True
-        )
+        if "response_text" in batch.non_tensor_batch:  # agent trajectories: the final model turn is the response
+            texts = [str(t) for t in batch.non_tensor_batch["response_text"]]
+        else:
+            texts = self.tokenizer.batch_decode(
+                [row[m].tolist() for row, m in zip(responses.cpu(), mask.bool().cpu())], skip_special_tokens=True
+            )
+        agents = batch.non_tensor_batch.get("agent")  # and the whole episode (turns, tool calls) is extra["agent"]
         prompts = _prompts(batch, self.tokenizer, n)
         ground_truths = batch.non_tensor_batch.get("ground_truth")
         if ground_truths is None:
@@ -170,6 +174,8 @@ class RewardManager:
         def score(i: int) -> _FnResult:
             extra = dict(extra_infos[i]) if isinstance(extra_infos[i], Mapping) else {}
             extra.setdefault("data_source", sources[i])
+            if agents is not None:
+                extra["agent"] = agents[i]
             try:
                 return _parse_result(self.fn(prompts[i], texts[i], truths[i], extra))
             except Exception as e:

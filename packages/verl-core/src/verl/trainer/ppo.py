@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -36,6 +37,7 @@ from verl.data.build import make_rl_dataloaders
 from verl.protocol import DataProto
 from verl.reward import make_reward_manager
 from verl.tracking import Progress, Tracker
+from verl.trainer.agent_rollouts import AgentRollouts
 from verl.trainer.async_rollouts import AsyncRollouts
 from verl.trainer.balance import balance_batch
 from verl.trainer.checkpoint import CheckpointManager, checkpoint_root
@@ -129,7 +131,11 @@ class PPOTrainer:
 
         tokenizer_path = cfg.model.tokenizer_path or self.model_path
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-        self.train_loader, self.val_loader = make_rl_dataloaders(cfg.data, self.tokenizer, seed=cfg.trainer.seed)
+        self.dp = plan.layout("rollout").dp  # validation pads its prompts to a multiple of this
+        self.agents = self._agent_rollouts(plan) if cfg.rollout.agent.loop is not None else None
+        self.train_loader, self.val_loader = make_rl_dataloaders(
+            cfg.data, self.tokenizer, seed=cfg.trainer.seed, tools=self.agents and self.agents.runner.tool_schemas
+        )
         total_steps = cfg.trainer.total_steps or len(self.train_loader) * cfg.trainer.total_epochs
         self.plan = plan = plan.with_total_steps(total_steps)
         self.reward = make_reward_manager(cfg.reward, self.tokenizer, reward_fn=reward_fn)
@@ -143,12 +149,13 @@ class PPOTrainer:
             log_dir=cfg.tracking.log_dir or os.path.join(self.output_dir, "logs"),
         )
         self.workers = start_workers(cfg, plan, model_path=self.model_path, tokenizer_path=cfg.model.tokenizer_path)
-        self.dp = plan.layout("rollout").dp  # validation pads its prompts to a multiple of this
         self.step = 0
         self.rollouts = 0  # generate() calls: part of every uid, so groups of different batches never merge
         self.ahead: Optional[PendingRollout] = None  # one_step_off: the next step's batch, generating
         self.rollout_gen_s = 0.0  # seconds the rollout's own pool generated, of the batches collected this step
         self.async_rollouts = self._async_rollouts() if plan.mode == "async" else None
+        # one_step_off with agent loops: the loops of the batch ahead run on this thread while the actor trains
+        self.agent_thread = ThreadPoolExecutor(1, "agents") if self.agents and plan.mode == "one_step_off" else None
         self.val_history: List[Dict[str, float]] = []
 
     def _async_rollouts(self) -> AsyncRollouts:
@@ -173,6 +180,18 @@ class PPOTrainer:
             pad_id=pad_id,
             max_staleness=self.cfg.trainer.max_staleness,
             total_steps=self.plan.total_steps,
+        )
+
+    def _agent_rollouts(self, plan: Plan) -> AgentRollouts:
+        """rollout.agent.loop: trajectories of agent loops (tools, environments) instead of single completions."""
+        eos_ids, pad_id = eos_and_pad(self.tokenizer)
+        return AgentRollouts(
+            self.cfg.rollout.agent,
+            self.tokenizer,
+            response_length=plan.response_length,
+            dp=self.dp,
+            eos_ids=eos_ids,
+            pad_id=pad_id,
         )
 
     # ---- the stages of one step ---------------------------------------------------------------------
@@ -235,13 +254,15 @@ class PPOTrainer:
         the prompt tensors travel to the workers; the text columns (raw prompts, ground truths, uids) stay here and
         are repeated alongside. The rollout's own pool generates when it has one, else the actor's workers do."""
         inputs = prompts.select(PROMPTS, [])
+        text = prompts.select([], None).repeat(n, interleave=True)
+        if self.agents is not None:
+            return self._submit_agents(prompts, n, temperature, text)
         if self.workers.rollout is not None:
             call = self.workers.rollout.submit(RolloutWorker.generate, inputs, n=n, temperature=temperature)
         else:
             call = self.workers.actor_rollout.submit(
                 ActorRolloutRefWorker.generate, inputs, n=n, temperature=temperature
             )
-        text = prompts.select([], None).repeat(n, interleave=True)
 
         def finish() -> DataProto:
             out = call.result()
@@ -250,6 +271,33 @@ class PPOTrainer:
             return out.union(text)
 
         return finish
+
+    def _submit_agents(
+        self, prompts: DataProto, n: int, temperature: Optional[float], text: DataProto
+    ) -> Callable[[], DataProto]:
+        """The agent loops' trajectories for n samples per prompt; each round of model turns is one generate call
+        on the rollout's workers. The agent/* metrics travel in the batch's meta_info["agent_metrics"]."""
+        group, method = (
+            (self.workers.rollout, RolloutWorker.generate)
+            if self.workers.rollout is not None
+            else (self.workers.actor_rollout, ActorRolloutRefWorker.generate)
+        )
+
+        def call(inputs: DataProto, t: Optional[float], max_new_tokens: int) -> DataProto:
+            out = group.call(method, inputs, n=1, temperature=t, max_new_tokens=max_new_tokens)
+            for k in [k for k in out.meta_info if k.startswith("gen_s/")]:
+                out.meta_info.pop(k)
+            return out
+
+        def run() -> DataProto:
+            batch, metrics = self.agents.sample(prompts, n, temperature, call)
+            self.rollout_gen_s += metrics["timing/agent_generate_s"]
+            batch.meta_info["agent_metrics"] = metrics
+            return batch.union(text)
+
+        if self.agent_thread is not None:
+            return self.agent_thread.submit(run).result
+        return run
 
     def greedy_baselines(self, prompts: DataProto) -> torch.Tensor:
         """ReMax's baseline: the reward of each prompt's greedy response, repeated for its n samples."""
@@ -366,6 +414,7 @@ class PPOTrainer:
         self.rollout_info: Dict[str, float] = {}
         with timer("gen"):  # with one_step_off / async: the wait for a batch generated beside the last step(s)
             batch = self.next_rollout()
+        self.rollout_info.update(batch.meta_info.pop("agent_metrics", {}))
         with timer("reward"):
             metrics = self.score(batch)
         if self.cfg.algorithm.filter_groups.enable:
@@ -559,6 +608,8 @@ class PPOTrainer:
         }
 
     def close(self) -> None:
+        if self.agent_thread is not None:
+            self.agent_thread.shutdown(wait=True)
         self.workers.shutdown()
         if self.started_ray:
             shutdown_ray()

@@ -11,7 +11,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from verl.embedded.cache import cache_root, cached_dir, settings_hash
+from verl.embedded.arithmetic import resolve_data_files
+from verl.embedded.cache import cache_root, cached_dir, is_embedded, settings_hash
 from verl.embedded.models import resolve_model_path
 from verl.trainer.sft import SFTConfig, run_sft
 
@@ -23,6 +24,7 @@ def prepare_model(cfg: Any) -> str:
     if ws is None:
         return base
     settings = {"base": os.path.abspath(base), **OmegaConf.to_container(ws, resolve=True)}
+    settings["data"] = [_file_identity(f) for f in ws.files]  # new data, new warm start (a name stays the same)
     if cfg.model.tokenizer_path:  # (only when set: the cache keys of earlier runs stay valid)
         settings["tokenizer"] = os.path.abspath(cfg.model.tokenizer_path)
     final = cache_root() / "warm-start" / f"{Path(base).name}-sft-{settings_hash(settings)}"
@@ -48,3 +50,13 @@ def prepare_model(cfg: Any) -> str:
         )
 
     return str(cached_dir(final, write))
+
+
+def _file_identity(name: str) -> list:
+    """What identifies a data file's content: an embedded set's cached path (its settings are hashed into it), or a
+    file's path, size and modification time."""
+    (path,) = resolve_data_files([name])
+    if is_embedded(name):
+        return [os.path.basename(path)]
+    st = os.stat(path)
+    return [os.path.abspath(path), st.st_size, st.st_mtime_ns]

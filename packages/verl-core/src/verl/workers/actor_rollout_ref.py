@@ -129,10 +129,13 @@ class ActorRolloutRefWorker(Worker):
             self.set_dispatch_info(coords.dp, layout.dp, coords.tp == 0, mesh="rollout")
 
     @register(Dispatch.DP_COMPUTE, mesh="rollout")
-    def generate(self, prompts: DataProto, n: int = 1, temperature: Optional[float] = None) -> DataProto:
-        """n samples per prompt at `temperature` (None: rollout.temperature; 0: greedy)."""
+    def generate(
+        self, prompts: DataProto, n: int = 1, temperature: Optional[float] = None, max_new_tokens: int = 0
+    ) -> DataProto:
+        """n samples per prompt at `temperature` (None: rollout.temperature; 0: greedy), at most `max_new_tokens`
+        each (0: the run's response length)."""
         with self.peaks("gen"):
-            return self._need("rollout").generate(prompts, n=n, temperature=temperature)
+            return self._need("rollout").generate(prompts, n=n, temperature=temperature, max_new_tokens=max_new_tokens)
 
     @register(Dispatch.DP_COMPUTE)
     def compute_log_probs(self, batch: DataProto) -> DataProto:

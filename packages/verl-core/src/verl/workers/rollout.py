@@ -65,12 +65,14 @@ class RolloutWorker(Worker):
         self.set_dispatch_info(coords.dp, layout.dp, coords.tp == 0, mesh="rollout")
 
     @register(Dispatch.DP_COMPUTE, mesh="rollout")
-    def generate(self, prompts: DataProto, n: int = 1, temperature: Optional[float] = None) -> DataProto:
-        """n samples per prompt at `temperature` (None: rollout.temperature; 0: greedy), tagged with the version
-        of the weights that produced them."""
+    def generate(
+        self, prompts: DataProto, n: int = 1, temperature: Optional[float] = None, max_new_tokens: int = 0
+    ) -> DataProto:
+        """n samples per prompt at `temperature` (None: rollout.temperature; 0: greedy), at most `max_new_tokens`
+        each (0: the run's response length), tagged with the version of the weights that produced them."""
         start = time.perf_counter()
         with self.peaks("gen"), self._engine():
-            out = self.engine.generate(prompts, n=n, temperature=temperature)
+            out = self.engine.generate(prompts, n=n, temperature=temperature, max_new_tokens=max_new_tokens)
         out.batch["weight_version"] = torch.full((len(out),), self.version, dtype=torch.long)
         out.meta_info[f"gen_s/{self.dispatch_info('rollout')['dp_rank']}"] = time.perf_counter() - start
         return out

@@ -1,0 +1,95 @@
+"""Many trajectories in flight at once: each sample's agent loop runs as its own task over one generation client,
+with limits on turns, tokens and wall time per trajectory."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from verl.agents.client import BatchingClient, GenerateBatch
+from verl.agents.loops import AgentContext, AgentSample, make_agent_loop
+from verl.agents.parsers import get_parser
+from verl.agents.render import InsertRenderer
+from verl.agents.tools import make_tools, schema
+from verl.agents.trajectory import Trajectory, trajectory_metrics
+from verl.config.instantiate import instantiate
+
+
+class AgentLoopError(RuntimeError):
+    """A user's agent loop raised: names the loop and the sample."""
+
+
+class AgentRunner:
+    """The agent loop of `rollout.agent` with its tools, parser and environment, run over batches of samples."""
+
+    def __init__(self, agent: Any, tokenizer: Any, response_length: int):
+        self.cfg, self.tokenizer, self.response_length = agent, tokenizer, response_length
+        self.loop = make_agent_loop(agent.loop)
+        self.loop_name = agent.loop if isinstance(agent.loop, str) else str(agent.loop.get("_target_"))
+        self.tools = make_tools(list(agent.tools or []))
+        self.parser = get_parser(agent.tool_parser)
+        self.renderer = InsertRenderer(tokenizer, [schema(t) for t in self.tools.values()])
+        env = agent.get("env") if hasattr(agent, "get") else getattr(agent, "env", None)
+        self.make_env: Optional[Callable[[], Any]] = (
+            (lambda: instantiate(env, key="rollout.agent.env")) if env is not None else None
+        )
+
+    @property
+    def tool_schemas(self) -> List[Dict[str, Any]]:
+        """What the prompts' chat template gets as `tools=`."""
+        return [schema(t) for t in self.tools.values()]
+
+    def run(
+        self, samples: Sequence[AgentSample], generate_batch: GenerateBatch, temperature: Optional[float]
+    ) -> Tuple[List[Trajectory], Dict[str, float]]:
+        """Every sample's trajectory (in order) and the agent/* metrics of the lot."""
+        return asyncio.run(self.arun(samples, BatchingClient(generate_batch), temperature))
+
+    async def arun(
+        self, samples: Sequence[AgentSample], client: BatchingClient, temperature: Optional[float]
+    ) -> Tuple[List[Trajectory], Dict[str, float]]:
+        start = time.perf_counter()
+        limit = asyncio.Semaphore(self.cfg.max_in_flight)
+        trajectories = [Trajectory(prompt_ids=list(s.prompt_ids)) for s in samples]
+
+        async def one(i: int) -> None:
+            async with limit:
+                ctx = AgentContext(
+                    client=client,
+                    tokenizer=self.tokenizer,
+                    renderer=self.renderer,
+                    trajectory=trajectories[i],
+                    max_response_tokens=self.response_length,
+                    max_turns=self.cfg.max_turns,
+                    temperature=temperature,
+                    tools=self.tools,
+                    parser=self.parser,
+                    tool_timeout_s=self.cfg.tool_timeout_s,
+                    make_env=self.make_env,
+                )
+                client.enter()
+                try:
+                    await asyncio.wait_for(self.loop(samples[i], ctx), self.cfg.max_wall_s)
+                except asyncio.TimeoutError:
+                    trajectories[i].finish = "wall_time"
+                except Exception as e:
+                    s = samples[i]
+                    raise AgentLoopError(
+                        f"agent loop {self.loop_name} raised {type(e).__name__}: {e}\n  on sample {i} "
+                        f"(data_source={s.data_source!r}, prompt={s.raw_prompt[:200]!r})"
+                    ) from e
+                finally:
+                    client.leave()
+
+        try:
+            await asyncio.gather(*(one(i) for i in range(len(samples))))
+        finally:
+            await client.close()
+        seconds = time.perf_counter() - start
+        metrics = trajectory_metrics(trajectories)
+        metrics["agent/rounds"] = float(len(client.rounds))
+        metrics["agent/round_size/mean"] = sum(client.rounds) / max(1, len(client.rounds))
+        metrics["agent/trajectories_per_s"] = len(samples) / max(seconds, 1e-9)
+        metrics["timing/agent_generate_s"] = client.busy_s
+        return trajectories, metrics

@@ -1,0 +1,1 @@
+from tests.support.fixtures import char_tokenizer  # noqa: F401
