@@ -48,21 +48,29 @@ def assemble_rollout(
     R = max_new_tokens (fixed, so batches from different ranks concatenate); lengths [B]: tokens generated
     per row (the rest is padding). The response mask ends at the first eos, which it includes.
     """
-    ids = prompts.batch["input_ids"]
-    mask = prompts.batch["attention_mask"]
-    pos = prompts.batch["position_ids"]
     width = responses.shape[1]
     generated = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
     response_mask = response_mask_until_eos(responses, eos_ids) * generated.long()
-    log_probs = log_probs.float() * response_mask
-    response_pos = pos[:, -1:] + torch.arange(1, width + 1)
-    tensors = {
+    tensors = rollout_tensors(prompts, responses, response_mask, log_probs.float() * response_mask, response_mask)
+    return DataProto.from_dict(tensors, dict(prompts.non_tensor_batch), dict(prompts.meta_info))
+
+
+def rollout_tensors(
+    prompts: DataProto,
+    responses: torch.Tensor,
+    response_mask: torch.Tensor,
+    log_probs: torch.Tensor,
+    response_attention: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """The rollout batch's tensors: the left-padded prompts, then the responses. `response_attention` marks the
+    real response tokens (the response mask, or with agent trajectories also the inserted tokens it leaves out)."""
+    ids, mask, pos = (prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids"))
+    return {
         "prompts": ids,
         "responses": responses,
         "response_mask": response_mask,
         "rollout_log_probs": log_probs,
         "input_ids": torch.cat([ids, responses], 1),
-        "attention_mask": torch.cat([mask, response_mask], 1),
-        "position_ids": torch.cat([pos, response_pos], 1),
+        "attention_mask": torch.cat([mask, response_attention], 1),
+        "position_ids": torch.cat([pos, pos[:, -1:] + torch.arange(1, responses.shape[1] + 1)], 1),
     }
-    return DataProto.from_dict(tensors, dict(prompts.non_tensor_batch), dict(prompts.meta_info))

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from verl.protocol import DataProto
-from verl.rollout_batch import pad_rows
+from verl.rollout_batch import pad_rows, rollout_tensors
 
 FINISH_REASONS = ("answer", "max_turns", "length", "wall_time")
 
@@ -71,7 +71,7 @@ def trajectories_to_batch(
     turn) and `agent` (each trajectory's summary)."""
     if len(prompts) != len(trajectories):
         raise ValueError(f"{len(trajectories)} trajectories for {len(prompts)} prompt rows")
-    ids, mask, pos = (prompts.batch[k] for k in ("input_ids", "attention_mask", "position_ids"))
+    ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
     for i, t in enumerate(trajectories):
         if len(t.response_ids) > response_length:
             raise ValueError(f"trajectory {i} has {len(t.response_ids)} response tokens, over {response_length}")
@@ -81,15 +81,7 @@ def trajectories_to_batch(
     response_mask = pad_rows([t.loss_mask for t in trajectories], response_length, 0, torch.long)
     log_probs = pad_rows([t.log_probs for t in trajectories], response_length, 0.0, torch.float32)
     real = pad_rows([[1] * len(t.response_ids) for t in trajectories], response_length, 0, torch.long)
-    tensors = {
-        "prompts": ids,
-        "responses": responses,
-        "response_mask": response_mask,
-        "rollout_log_probs": log_probs,
-        "input_ids": torch.cat([ids, responses], 1),
-        "attention_mask": torch.cat([mask, real], 1),  # tool output is context too
-        "position_ids": torch.cat([pos, pos[:, -1:] + torch.arange(1, response_length + 1)], 1),
-    }
+    tensors = rollout_tensors(prompts, responses, response_mask, log_probs, real)  # tool output is context too
     non_tensors = dict(prompts.non_tensor_batch)
     non_tensors["response_text"] = np.array([t.final_text for t in trajectories], dtype=object)
     non_tensors["agent"] = np.array([t.summary() for t in trajectories], dtype=object)
