@@ -26,6 +26,7 @@ class Completion:
     ids: List[int]  # sampled tokens, up to and including eos when the turn ended there
     log_probs: List[float]
     finished: bool  # ended with eos (else it ran out of tokens)
+    version: Optional[int] = None  # the policy version (weight updates) that sampled it, where the rollout tells
 
 
 class GenerationClient(Protocol):

@@ -57,6 +57,8 @@ class AgentContext:
         limit = self.budget if max_new_tokens is None else min(self.budget, max_new_tokens)
         c = await self.client.generate(self.trajectory.context, max_new_tokens=limit, temperature=self.temperature)
         self.trajectory.add_model_tokens(c.ids, c.log_probs)
+        if c.version is not None:
+            self.trajectory.versions.append(c.version)
         self.trajectory.final_text = self.decode(c.ids)
         return c
 

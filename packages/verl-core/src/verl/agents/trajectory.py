@@ -34,6 +34,7 @@ class Trajectory:
     finish: str = ""  # one of FINISH_REASONS
     final_text: str = ""  # the last model turn's text: what a reward function reads as the response
     info: Dict[str, Any] = field(default_factory=dict)  # anything else the loop wants the reward to see
+    versions: List[int] = field(default_factory=list)  # the policy version of each model turn (a rollout apart)
 
     def add_model_tokens(self, ids: Sequence[int], log_probs: Sequence[float]) -> None:
         self.response_ids += list(ids)
@@ -82,6 +83,8 @@ def trajectories_to_batch(
     log_probs = pad_rows([t.log_probs for t in trajectories], response_length, 0.0, torch.float32)
     real = pad_rows([[1] * len(t.response_ids) for t in trajectories], response_length, 0, torch.long)
     tensors = rollout_tensors(prompts, responses, response_mask, log_probs, real)  # tool output is context too
+    if trajectories and all(t.versions for t in trajectories):  # the oldest policy that sampled a token of each
+        tensors["weight_version"] = torch.tensor([min(t.versions) for t in trajectories], dtype=torch.long)
     non_tensors = dict(prompts.non_tensor_batch)
     non_tensors["response_text"] = np.array([t.final_text for t in trajectories], dtype=object)
     non_tensors["agent"] = np.array([t.summary() for t in trajectories], dtype=object)

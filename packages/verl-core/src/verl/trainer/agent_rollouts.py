@@ -62,10 +62,12 @@ def batch_generator(call: GenerateCall, *, dp: int, eos_ids: List[int], pad_id: 
             width = max(requests[i].max_new_tokens for i in idx)
             batch = call(left_padded(contexts, pad_id), temperature, width)
             responses, mask, lp = (batch.batch[k] for k in ("responses", "response_mask", "rollout_log_probs"))
+            versions = batch.batch.get("weight_version")  # (a rollout on a pool of its own tags its samples)
             for row, i in enumerate(idx):
                 k = min(int(mask[row].sum()), requests[i].max_new_tokens)
                 ids = responses[row, :k].tolist()
-                out[i] = Completion(ids, lp[row, :k].tolist(), bool(ids) and ids[-1] in eos_ids)
+                version = int(versions[row]) if versions is not None else None
+                out[i] = Completion(ids, lp[row, :k].tolist(), bool(ids) and ids[-1] in eos_ids, version)
         return out
 
     return generate_batch
