@@ -113,4 +113,5 @@ def run_sft(cfg: SFTConfig) -> Dict[str, float]:
         group.call(SFTWorker.export_hf, cfg.output_dir)
     finally:
         group.shutdown()
+        pool.remove()  # (under Ray: the run that follows needs these CPUs for its own pools)
     return metrics
