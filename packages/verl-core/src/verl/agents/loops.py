@@ -19,6 +19,7 @@ from verl.agents.parsers import Parser
 from verl.agents.render import InsertRenderer
 from verl.agents.tools import Tool, run_tool
 from verl.agents.trajectory import Trajectory
+from verl.config.errors import ConfigError, ConfigProblem
 from verl.config.instantiate import instantiate
 
 
@@ -91,8 +92,6 @@ def make_agent_loop(spec: Any, key: str = "rollout.agent.loop") -> AgentLoop:
     """A registered loop by name, or `{_target_: pkg.module.loop, setting: ...}` (settings bound as keywords)."""
     if isinstance(spec, str):
         if spec not in AGENT_LOOPS:
-            from verl.config.errors import ConfigError, ConfigProblem
-
             raise ConfigError(
                 [ConfigProblem(key, f"unknown agent loop {spec!r}", f"use one of {sorted(AGENT_LOOPS)} or _target_")]
             )
@@ -100,8 +99,6 @@ def make_agent_loop(spec: Any, key: str = "rollout.agent.loop") -> AgentLoop:
     loop = instantiate({**dict(spec), "_partial_": True}, key=key)
     fn = loop.func if isinstance(loop, functools.partial) else loop
     if not inspect.iscoroutinefunction(fn):
-        from verl.config.errors import ConfigError, ConfigProblem
-
         raise ConfigError(
             [
                 ConfigProblem(

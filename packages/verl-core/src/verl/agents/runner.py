@@ -29,16 +29,12 @@ class AgentRunner:
         self.loop_name = agent.loop if isinstance(agent.loop, str) else str(agent.loop.get("_target_"))
         self.tools = make_tools(list(agent.tools or []))
         self.parser = get_parser(agent.tool_parser)
-        self.renderer = InsertRenderer(tokenizer, [schema(t) for t in self.tools.values()])
-        env = agent.get("env") if hasattr(agent, "get") else getattr(agent, "env", None)
+        self.tool_schemas = [schema(t) for t in self.tools.values()]  # what the prompts' chat template gets
+        self.renderer = InsertRenderer(tokenizer, self.tool_schemas)
+        env = agent.env
         self.make_env: Optional[Callable[[], Any]] = (
             (lambda: instantiate(env, key="rollout.agent.env")) if env is not None else None
         )
-
-    @property
-    def tool_schemas(self) -> List[Dict[str, Any]]:
-        """What the prompts' chat template gets as `tools=`."""
-        return [schema(t) for t in self.tools.values()]
 
     def run(
         self, samples: Sequence[AgentSample], generate_batch: GenerateBatch, temperature: Optional[float]
