@@ -70,7 +70,10 @@ def make_tools(specs: Sequence[Mapping[str, Any]], key: str = "rollout.agent.too
                         )
                     ]
                 )
-            tool = TOOLS[name](**spec)
+            try:
+                tool = TOOLS[name](**spec)
+            except (TypeError, ValueError, RuntimeError) as e:  # bad settings, or a tool that cannot run here
+                raise ConfigError([ConfigProblem(where, f"tool {name!r}: {e}", _TOOL_SETTINGS_FIX)]) from None
         missing = [a for a in ("name", "description", "parameters") if not hasattr(tool, a)]
         if missing or not callable(tool):
             raise ConfigError(
@@ -84,7 +87,12 @@ def make_tools(specs: Sequence[Mapping[str, Any]], key: str = "rollout.agent.too
     return tools
 
 
+_TOOL_SETTINGS_FIX = "give the tool settings its constructor takes, or drop it from the list"
 _TOOL_FIX = "a tool has name, description, parameters (a JSON schema) and __call__(**arguments) -> str"
+
+
+class ToolTimeout(Exception):
+    """Raised by a tool that enforces a time limit of its own (the call's status is then "timeout")."""
 
 
 @dataclass
@@ -114,6 +122,8 @@ async def run_tool(tools: Mapping[str, Tool], call: ToolCall, timeout_s: float) 
             out = await asyncio.wait_for(asyncio.to_thread(tool, **call.arguments), timeout_s)
     except asyncio.TimeoutError:
         return ToolResult(f"error: {call.name} took longer than {timeout_s:g} s", "timeout")
+    except ToolTimeout as e:
+        return ToolResult(f"error: {call.name}: {e}", "timeout")
     except Exception as e:  # a tool's failure is the model's observation, not the run's crash
         return ToolResult(f"error: {call.name}: {type(e).__name__}: {e}", "error")
     return ToolResult(str(out), "ok")
@@ -186,3 +196,7 @@ class Calculator:
 
     def __call__(self, expression: str) -> str:
         return str(evaluate(str(expression)))
+
+
+# Built-in tools with modules of their own register on import (the names they use from here exist by now).
+from verl.agents import sandbox as _sandbox  # noqa: E402,F401
