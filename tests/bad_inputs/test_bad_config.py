@@ -132,6 +132,7 @@ CASES = [
         "hermes",
     ),
     ("env_agent_without_env", ["rollout.agent.loop=env_agent"], "rollout.agent.env", "reset(sample)"),
+    ("openai_agent_without_program", ["rollout.agent.loop=openai_agent"], "rollout.agent.program", "OPENAI_BASE_URL"),
     (
         "agent_max_turns_zero",
         ["rollout.agent.loop=single_turn", "rollout.agent.max_turns=0"],

@@ -3,6 +3,8 @@ log-prob parity on multi-turn trajectories, and tool failures that become observ
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -101,3 +103,52 @@ def test_one_step_off_runs_the_next_steps_loops_beside_the_update(tmp_path, ray_
         assert r["agent/turns/mean"] == 2 and r["agent/inserted_tokens/mean"] > 0
         assert r["rollout/logprob_diff_max"] > 0  # (an older policy's samples: not the trainer's log-probs)
     assert rows[-1]["async/staleness_max"] == 1
+
+
+# An agent program as written for any OpenAI-compatible server: the SDK reads OPENAI_BASE_URL and OPENAI_API_KEY.
+AGENT_PROGRAM = """
+import json, sys
+import openai
+
+sample = json.load(sys.stdin)
+client = openai.OpenAI(max_retries=0)
+messages = list(sample["messages"])
+first = client.chat.completions.create(model="policy", messages=messages, max_tokens=3)
+messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "="}]
+second = client.chat.completions.create(model="policy", messages=messages)
+print(second.choices[0].message.content or "")
+"""
+
+
+def test_an_external_agent_program_trains_through_the_endpoint(tmp_path):
+    """openai_agent with a command-line program (a child process speaking HTTP to the endpoint): its two requests
+    per sample are one trajectory each; the trainer's log-probs match the served ones; the update runs."""
+    program = tmp_path / "agent.py"
+    program.write_text(AGENT_PROGRAM)
+    cfg = tiny_config(
+        "grpo_tiny",
+        str(tmp_path / "run"),
+        "trainer.controller=local",
+        "data.max_response_length=16",
+        "rollout.agent.loop=openai_agent",
+        f"rollout.agent.program=[{sys.executable}, {program}]",
+        steps=1,
+    )
+    trainer = PPOTrainer(cfg)
+    try:
+        batch = trainer.generate(trainer.train_loader.next_batch())
+        eq = trainer.tokenizer("=", add_special_tokens=False)["input_ids"]
+        for row in range(len(batch)):
+            info, mask = batch.non_tensor_batch["agent"][row], batch.batch["response_mask"][row]
+            assert info["endpoint_requests"] == 2 and info["history_rewrites"] == 0 and info["turns"] == 2
+            inserted = batch.batch["responses"][row][(mask == 0) & (batch.batch["attention_mask"][row, -16:] == 1)]
+            assert inserted.tolist()[-len(eq) :] == eq  # the user's turn, untrained, between the model's two
+        batch = trainer.compute_log_probs(batch)
+        m = batch.batch["response_mask"].bool()
+        diff = (batch.batch["old_log_probs"] - batch.batch["rollout_log_probs"])[m].abs().max()
+        assert diff < 1e-4, f"trainer vs endpoint log-probs differ by {diff:.2e}"
+    finally:
+        trainer.close()
+    _, rows = fit(cfg)
+    assert rows[0]["agent/turns/mean"] == 2 and rows[0]["rollout/logprob_diff_max"] < 1e-4
+    assert "actor/pg_loss" in rows[0]

@@ -32,6 +32,7 @@ class AgentSample:
     ground_truth: Any
     extra_info: Dict[str, Any]
     data_source: str = ""
+    messages: List[Dict[str, Any]] = field(default_factory=list)  # the prompt's conversation (before rendering)
 
 
 @dataclass
@@ -47,6 +48,8 @@ class AgentContext:
     parser: Optional[Parser] = None
     tool_timeout_s: float = 10.0
     make_env: Optional[Callable[[], Any]] = None
+    endpoint: Any = None  # openai_agent: the ChatEndpoint serving this trajectory's session
+    program: Any = None  # openai_agent: the external agent program
 
     @property
     def budget(self) -> int:
@@ -172,3 +175,7 @@ async def env_agent(sample: AgentSample, ctx: AgentContext) -> Trajectory:
         if not ctx.insert([{"role": "user", "content": str(observation)}]):
             t.finish = "length"
             return t
+
+
+# Loops with modules of their own register on import (what they use from here exists by now).
+from verl.agents import black_box as _black_box  # noqa: E402,F401

@@ -7,7 +7,10 @@ import asyncio
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
 from verl.agents.client import BatchingClient, GenerateBatch
+from verl.agents.endpoint import ChatEndpoint
 from verl.agents.loops import AgentContext, AgentSample, make_agent_loop
 from verl.agents.parsers import get_parser
 from verl.agents.render import InsertRenderer
@@ -23,8 +26,11 @@ class AgentLoopError(RuntimeError):
 class AgentRunner:
     """The agent loop of `rollout.agent` with its tools, parser and environment, run over batches of samples."""
 
-    def __init__(self, agent: Any, tokenizer: Any, response_length: int):
+    def __init__(self, agent: Any, tokenizer: Any, response_length: int, max_prompt_length: int = 1 << 20):
         self.cfg, self.tokenizer, self.response_length = agent, tokenizer, response_length
+        self.max_prompt_length = max_prompt_length  # (what an agent program's own prompt may hold)
+        program = agent.program
+        self.program = OmegaConf.to_container(program) if isinstance(program, (DictConfig, ListConfig)) else program
         self.loop = make_agent_loop(agent.loop)
         self.loop_name = agent.loop if isinstance(agent.loop, str) else str(agent.loop.get("_target_"))
         self.tools = make_tools(list(agent.tools or []))
@@ -48,6 +54,10 @@ class AgentRunner:
         start = time.perf_counter()
         limit = asyncio.Semaphore(self.cfg.max_in_flight)
         trajectories = [Trajectory(prompt_ids=list(s.prompt_ids)) for s in samples]
+        endpoint = None
+        if self.program is not None:  # an external agent program: served over HTTP on loopback
+            endpoint = ChatEndpoint(self.tokenizer, self.parser, max_prompt_tokens=self.max_prompt_length)
+            endpoint.start(asyncio.get_running_loop())
 
         async def one(i: int) -> None:
             async with limit:
@@ -63,11 +73,14 @@ class AgentRunner:
                     parser=self.parser,
                     tool_timeout_s=self.cfg.tool_timeout_s,
                     make_env=self.make_env,
+                    endpoint=endpoint,
+                    program=self.program,
                 )
                 client.enter()
                 try:
-                    await asyncio.wait_for(self.loop(samples[i], ctx), self.cfg.max_wall_s)
+                    trajectories[i] = await asyncio.wait_for(self.loop(samples[i], ctx), self.cfg.max_wall_s)
                 except asyncio.TimeoutError:
+                    trajectories[i] = ctx.trajectory
                     trajectories[i].finish = "wall_time"
                 except Exception as e:
                     s = samples[i]
@@ -82,6 +95,8 @@ class AgentRunner:
             await asyncio.gather(*(one(i) for i in range(len(samples))))
         finally:
             await client.close()
+            if endpoint is not None:
+                endpoint.close()
         seconds = time.perf_counter() - start
         metrics = trajectory_metrics(trajectories)
         metrics["agent/rounds"] = float(len(client.rounds))

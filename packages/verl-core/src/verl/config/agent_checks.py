@@ -57,6 +57,20 @@ def check_agent(ctx: Context) -> List[ConfigProblem]:
                 "set rollout.agent.env={_target_: pkg.module.YourEnv} (reset(sample), step(action) -> obs, reward, done)",
             )
         )
+    program = value(cfg, "rollout.agent.program")
+    if loop == "openai_agent" and program is None:
+        problems.append(
+            error_at(
+                "rollout.agent.program",
+                "openai_agent has no agent program to run",
+                "set rollout.agent.program=pkg.module.fn (fn(base_url, api_key, sample)) or a command line "
+                "[python, my_agent.py] (OPENAI_BASE_URL and OPENAI_API_KEY in its environment)",
+            )
+        )
+    elif program is not None and loop != "openai_agent":
+        problems.append(
+            warning_at("rollout.agent.program", f"an agent program is set but the loop is {loop!r}", _LOOP_FIX)
+        )
     if value(cfg, "trainer.mode") == "async":
         problems.append(
             error_at(
@@ -68,4 +82,7 @@ def check_agent(ctx: Context) -> List[ConfigProblem]:
     return problems
 
 
-_LOOP_FIX = "set rollout.agent.loop to single_turn, tool_agent, env_agent, or {_target_: pkg.module.your_async_loop}"
+_LOOP_FIX = (
+    "set rollout.agent.loop to single_turn, tool_agent, env_agent, openai_agent (with rollout.agent.program), "
+    "or {_target_: pkg.module.your_async_loop}"
+)

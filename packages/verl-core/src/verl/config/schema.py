@@ -281,6 +281,9 @@ class AgentConfig:
     max_wall_s: Optional[float] = positive(None)  # per trajectory (None: no limit); over it, it ends where it is
     max_in_flight: int = at_least(1024, 1)  # trajectories running at once
     env: Any = None  # env_agent: {_target_: pkg.module.Env, ...} with reset(sample) and step(action)
+    # openai_agent: an external agent program talking to the run's OpenAI-compatible endpoint:
+    # pkg.module.fn(base_url, api_key, sample) -> answer | None, or a command line [python, agent.py, ...]
+    program: Any = None
 
 
 @dataclass

@@ -93,7 +93,7 @@ class RLDataset:
                 n_dropped += 1
                 continue
             row = {"input_ids": ids[i], "raw_prompt": texts[i], "ground_truth": truth, "data_source": data_source}
-            self.rows.append({**row, "extra_info": dict(extra_infos[i] or {})})
+            self.rows.append({**row, "extra_info": dict(extra_infos[i] or {}), "messages": conversations[i]})
         self.n_filtered += n_dropped
         warn_dropped(path, n_dropped, n_rows, f"prompts longer than max_prompt_length={self.max_prompt_length}")
 
@@ -122,7 +122,7 @@ def collate_rl(items: Sequence[dict[str, Any]], tokenizer: Any, max_prompt_lengt
 
     Tensors: input_ids, attention_mask, position_ids [B, P] (positions count real tokens only, so a prompt's
     first real token has position 0 whatever its padding). Non-tensors: raw_prompt, ground_truth,
-    data_source, extra_info, index (object arrays).
+    data_source, extra_info, index, messages (the prompt's conversation; object arrays).
     """
     if not items:
         raise ValueError("collate_rl needs at least one item")
@@ -137,7 +137,10 @@ def collate_rl(items: Sequence[dict[str, Any]], tokenizer: Any, max_prompt_lengt
     attention_mask = pad_sequence([torch.ones_like(t) for t in ids], batch_first=True, padding_side="left")
     position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
     keys = ("raw_prompt", "ground_truth", "data_source", "extra_info", "index")
+    non_tensors = {key: [item[key] for item in items] for key in keys}  # lists become object arrays
+    if all("messages" in item for item in items):
+        non_tensors["messages"] = [item["messages"] for item in items]
     return DataProto.from_dict(
         tensors={"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
-        non_tensors={key: [item[key] for item in items] for key in keys},  # lists become object arrays
+        non_tensors=non_tensors,
     )

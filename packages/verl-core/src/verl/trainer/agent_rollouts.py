@@ -26,15 +26,23 @@ def agent_samples(prompts: DataProto, n: int) -> List[AgentSample]:
     def col(key: str, default: Any) -> List[Any]:
         return list(nt[key]) if key in nt else [default] * rows
 
-    raw, truth, extra, source = (
+    raw, truth, extra, source, messages = (
         col("raw_prompt", ""),
         col("ground_truth", None),
         col("extra_info", None),
         col("data_source", ""),
+        col("messages", None),
     )
     samples = []
     for i in range(rows):
-        s = AgentSample(ids[i][mask[i]].tolist(), str(raw[i]), truth[i], dict(extra[i] or {}), str(source[i]))
+        s = AgentSample(
+            ids[i][mask[i]].tolist(),
+            str(raw[i]),
+            truth[i],
+            dict(extra[i] or {}),
+            str(source[i]),
+            [dict(m) for m in messages[i] or []],
+        )
         samples += [s] * n
     return samples
 
@@ -74,8 +82,18 @@ def batch_generator(call: GenerateCall, *, dp: int, eos_ids: List[int], pad_id: 
 
 
 class AgentRollouts:
-    def __init__(self, agent: Any, tokenizer: Any, *, response_length: int, dp: int, eos_ids: List[int], pad_id: int):
-        self.runner = AgentRunner(agent, tokenizer, response_length)
+    def __init__(
+        self,
+        agent: Any,
+        tokenizer: Any,
+        *,
+        response_length: int,
+        max_prompt_length: int,
+        dp: int,
+        eos_ids: List[int],
+        pad_id: int,
+    ):
+        self.runner = AgentRunner(agent, tokenizer, response_length, max_prompt_length)
         self.response_length, self.dp, self.eos_ids, self.pad_id = response_length, dp, eos_ids, pad_id
 
     def sample(
@@ -86,4 +104,6 @@ class AgentRollouts:
         generate_batch = batch_generator(call, dp=self.dp, eos_ids=self.eos_ids, pad_id=self.pad_id)
         trajectories, metrics = self.runner.run(samples, generate_batch, temperature)
         rows = prompts.select(["input_ids", "attention_mask", "position_ids"], []).repeat(n, interleave=True)
+        if any(t.prompt_ids != s.prompt_ids for t, s in zip(trajectories, samples)):
+            rows = left_padded([t.prompt_ids for t in trajectories], self.pad_id)  # programs' own prompts
         return trajectories_to_batch(rows, trajectories, self.response_length, self.pad_id), metrics

@@ -189,6 +189,7 @@ class PPOTrainer:
             self.cfg.rollout.agent,
             self.tokenizer,
             response_length=plan.response_length,
+            max_prompt_length=self.cfg.data.max_prompt_length,
             dp=self.dp,
             eos_ids=eos_ids,
             pad_id=pad_id,
