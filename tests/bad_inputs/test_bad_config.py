@@ -146,17 +146,6 @@ CASES = [
     ("negative_staleness", ["trainer.max_staleness=-1"], "trainer.max_staleness", ">= 0"),
     ("continue_without_the_service", ["rollout.on_replica_failure=continue"], "rollout.on_replica_failure", "async"),
     (
-        "async_with_an_agent_loop",
-        [
-            "trainer.mode=async",
-            "rollout.agent.loop=single_turn",
-            "placement.devices_per_node=2",
-            "placement.pools=[{{name: train, roles: [actor], devices: 1}}, {{name: gen, roles: [rollout]}}]",
-        ],
-        "trainer.mode",
-        "agent loops run in trainer.mode=sync and one_step_off",
-    ),
-    (
         "async_with_a_tp2_rollout",
         [
             "trainer.mode=async",

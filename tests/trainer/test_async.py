@@ -13,6 +13,7 @@ import pytest
 import ray
 import torch
 
+from tests.support.agent_loops import TWO_TURNS
 from tests.support.run_configs import RECORDING_REWARD, tiny_config
 from verl.trainer.ppo import PPOTrainer
 from verl.trainer.rollout_client import ReplicaFailed
@@ -117,6 +118,42 @@ def test_with_continue_the_run_goes_on_with_the_replicas_left(tmp_path, ray_thre
         assert [r["rollout/weight_version"] for r in rows] == [2.0, 3.0, 4.0]  # the live replica keeps up
         assert all(r["async/staleness_max"] <= 2 for r in rows)
         assert trainer.validate()["val/n"] == before  # every held-out prompt, on the replica left
+    finally:
+        trainer.close()
+
+
+def test_agent_loops_go_on_when_a_replica_dies_and_stop_by_name_when_none_may(
+    tmp_path, ray_three_cpus, embedded_cache, monkeypatch
+):
+    """Agent loops over the service (each turn a request): with `continue`, a turn lost with the dead replica is
+    generated again on the other and every trajectory still has its two turns; with `stop`, the run stops with
+    the replica's name, not as an error of the agent loop."""
+    monkeypatch.setenv("VERL_CACHE", embedded_cache)
+    monkeypatch.setenv("VERL_TEST_PROMPT_LOG", str(tmp_path / "prompts"))
+    agents = (TWO_TURNS, "data.max_response_length=16")
+    trainer = PPOTrainer(_config(tmp_path / "on", *THREE_RANKS, *agents, "rollout.on_replica_failure=continue"))
+    try:
+        trainer.train_step()
+        trainer.step += 1
+        ray.kill(trainer.workers.rollout.executor.actors[1], no_restart=True)
+        rows = []
+        for _ in range(3):
+            rows.append(trainer.train_step())
+            trainer.step += 1
+        assert trainer.async_rollouts.client.dead == [1]
+        assert [r["agent/turns/mean"] for r in rows] == [2.0, 2.0, 2.0]
+        assert [r["rollout/weight_version"] for r in rows] == [2.0, 3.0, 4.0]
+    finally:
+        trainer.close()
+    trainer = PPOTrainer(_config(tmp_path / "stop", *THREE_RANKS, *agents))
+    try:
+        trainer.train_step()
+        trainer.step += 1
+        ray.kill(trainer.workers.rollout.executor.actors[1], no_restart=True)
+        with pytest.raises(ReplicaFailed, match=r"rollout replica 1 \(rank 1 of pool 'gen'\) failed"):
+            for _ in range(3):
+                trainer.train_step()
+                trainer.step += 1
     finally:
         trainer.close()
 

@@ -48,48 +48,64 @@ class AgentRunner:
         """Every sample's trajectory (in order) and the agent/* metrics of the lot."""
         return asyncio.run(self.arun(samples, BatchingClient(generate_batch), temperature))
 
+    async def trajectory(
+        self,
+        sample: AgentSample,
+        client: Any,
+        temperature: Optional[float],
+        endpoint: Optional[ChatEndpoint] = None,
+        index: int = 0,
+    ) -> Trajectory:
+        """One sample's agent loop over `client` (a GenerationClient that counts live trajectories in and out),
+        within the trajectory's wall-time limit; a loop that raises is named with its sample."""
+        ctx = AgentContext(
+            client=client,
+            tokenizer=self.tokenizer,
+            renderer=self.renderer,
+            trajectory=Trajectory(prompt_ids=list(sample.prompt_ids)),
+            max_response_tokens=self.response_length,
+            max_turns=self.cfg.max_turns,
+            temperature=temperature,
+            tools=self.tools,
+            parser=self.parser,
+            tool_timeout_s=self.cfg.tool_timeout_s,
+            make_env=self.make_env,
+            endpoint=endpoint,
+            program=self.program,
+        )
+        client.enter()
+        try:
+            return await asyncio.wait_for(self.loop(sample, ctx), self.cfg.max_wall_s)
+        except asyncio.TimeoutError:
+            ctx.trajectory.finish = "wall_time"
+            return ctx.trajectory
+        except Exception as e:
+            raise AgentLoopError(
+                f"agent loop {self.loop_name} raised {type(e).__name__}: {e}\n  on sample {index} "
+                f"(data_source={sample.data_source!r}, prompt={sample.raw_prompt[:200]!r})"
+            ) from e
+        finally:
+            client.leave()
+
+    def endpoint(self) -> Optional[ChatEndpoint]:
+        """The OpenAI-compatible endpoint an external agent program talks to (not started), if the loop has one."""
+        if self.program is None:
+            return None
+        return ChatEndpoint(self.tokenizer, self.parser, max_prompt_tokens=self.max_prompt_length)
+
     async def arun(
         self, samples: Sequence[AgentSample], client: BatchingClient, temperature: Optional[float]
     ) -> Tuple[List[Trajectory], Dict[str, float]]:
         start = time.perf_counter()
         limit = asyncio.Semaphore(self.cfg.max_in_flight)
-        trajectories = [Trajectory(prompt_ids=list(s.prompt_ids)) for s in samples]
-        endpoint = None
-        if self.program is not None:  # an external agent program: served over HTTP on loopback
-            endpoint = ChatEndpoint(self.tokenizer, self.parser, max_prompt_tokens=self.max_prompt_length)
+        trajectories: List[Trajectory] = [None] * len(samples)  # type: ignore[list-item]  (filled by the loops)
+        endpoint = self.endpoint()  # an external agent program: served over HTTP on loopback
+        if endpoint is not None:
             endpoint.start(asyncio.get_running_loop())
 
         async def one(i: int) -> None:
             async with limit:
-                ctx = AgentContext(
-                    client=client,
-                    tokenizer=self.tokenizer,
-                    renderer=self.renderer,
-                    trajectory=trajectories[i],
-                    max_response_tokens=self.response_length,
-                    max_turns=self.cfg.max_turns,
-                    temperature=temperature,
-                    tools=self.tools,
-                    parser=self.parser,
-                    tool_timeout_s=self.cfg.tool_timeout_s,
-                    make_env=self.make_env,
-                    endpoint=endpoint,
-                    program=self.program,
-                )
-                client.enter()
-                try:
-                    trajectories[i] = await asyncio.wait_for(self.loop(samples[i], ctx), self.cfg.max_wall_s)
-                except asyncio.TimeoutError:
-                    trajectories[i] = ctx.trajectory
-                    trajectories[i].finish = "wall_time"
-                except Exception as e:
-                    s = samples[i]
-                    raise AgentLoopError(
-                        f"agent loop {self.loop_name} raised {type(e).__name__}: {e}\n  on sample {i} "
-                        f"(data_source={s.data_source!r}, prompt={s.raw_prompt[:200]!r})"
-                    ) from e
-                finally:
-                    client.leave()
+                trajectories[i] = await self.trajectory(samples[i], client, temperature, endpoint, index=i)
 
         try:
             await asyncio.gather(*(one(i) for i in range(len(samples))))

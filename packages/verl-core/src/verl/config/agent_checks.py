@@ -1,4 +1,4 @@
-"""Checks of rollout.agent: a loop that exists, the tools and parser it needs, and a mode that runs it."""
+"""Checks of rollout.agent: a loop that exists, and the tools, parser, environment or program it needs."""
 
 from __future__ import annotations
 
@@ -70,14 +70,6 @@ def check_agent(ctx: Context) -> List[ConfigProblem]:
     elif program is not None and loop != "openai_agent":
         problems.append(
             warning_at("rollout.agent.program", f"an agent program is set but the loop is {loop!r}", _LOOP_FIX)
-        )
-    if value(cfg, "trainer.mode") == "async":
-        problems.append(
-            error_at(
-                "trainer.mode",
-                "agent loops run in trainer.mode=sync and one_step_off; async does not run them yet",
-                "set trainer.mode=one_step_off (trajectories of the next step run beside this step's update)",
-            )
         )
     return problems
 

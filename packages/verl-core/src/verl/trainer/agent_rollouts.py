@@ -11,7 +11,7 @@ from torch.nn.utils.rnn import pad_sequence
 from verl.agents.client import Completion, Request
 from verl.agents.loops import AgentSample
 from verl.agents.runner import AgentRunner
-from verl.agents.trajectory import trajectories_to_batch
+from verl.agents.trajectory import Trajectory, trajectories_to_batch
 from verl.protocol import DataProto
 
 # (prompts with PROMPTS columns, temperature, max_new_tokens) -> the workers' rollout batch
@@ -103,7 +103,13 @@ class AgentRollouts:
         samples = agent_samples(prompts, n)
         generate_batch = batch_generator(call, dp=self.dp, eos_ids=self.eos_ids, pad_id=self.pad_id)
         trajectories, metrics = self.runner.run(samples, generate_batch, temperature)
+        return self.batch(prompts, n, samples, trajectories), metrics
+
+    def batch(
+        self, prompts: DataProto, n: int, samples: Sequence[AgentSample], trajectories: Sequence[Trajectory]
+    ) -> DataProto:
+        """The rollout batch of n trajectories per prompt row (prompt tensors only: the caller adds text columns)."""
         rows = prompts.select(["input_ids", "attention_mask", "position_ids"], []).repeat(n, interleave=True)
         if any(t.prompt_ids != s.prompt_ids for t, s in zip(trajectories, samples)):
             rows = left_padded([t.prompt_ids for t in trajectories], self.pad_id)  # programs' own prompts
-        return trajectories_to_batch(rows, trajectories, self.response_length, self.pad_id), metrics
+        return trajectories_to_batch(rows, trajectories, self.response_length, self.pad_id)

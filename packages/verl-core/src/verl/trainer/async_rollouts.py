@@ -37,7 +37,7 @@ class Slot:
     submitted_version: int
     n: int = 1  # samples per prompt
     temperature: float = 1.0
-    done: Dict[int, Finished] = field(default_factory=dict)  # by row
+    done: Dict[int, Any] = field(default_factory=dict)  # by row: a Finished request (or an agent's Trajectory)
     attempt: Dict[int, int] = field(default_factory=dict)  # row -> the attempt whose result counts
     regenerated: int = 0
     resubmitted: int = 0
@@ -149,19 +149,28 @@ class AsyncRollouts:
 
     def _check_stale(self, slot: Slot, version: int) -> None:
         """Samples over the bound: their whole group generated again under the current policy, counted."""
-        stale = [row for row, f in slot.done.items() if version - f.oldest_version > self.max_staleness]
+        stale = [row for row, f in slot.done.items() if version - self.oldest_version(f) > self.max_staleness]
         if not stale:
             return
         groups = sorted({row // self.n for row in stale})
         rows = [g * self.n + k for g in groups for k in range(self.n)]
         old = [self.request_id(slot.index, r, slot.attempt[r]) for r in rows if r not in slot.done]
-        self.client.abort(old)
+        self._cancel(old)
         for rid in old:
             self.owner.pop(rid, None)
         for row in rows:
             slot.done.pop(row, None)
         slot.regenerated += len(rows)
         self._submit(slot, rows, attempt=max(slot.attempt[r] for r in rows) + 1)
+
+    @staticmethod
+    def oldest_version(result: Finished) -> int:
+        """The oldest policy version that sampled a token of a row's result."""
+        return result.oldest_version
+
+    def _cancel(self, ids: List[str]) -> None:
+        """Stop rows in flight (their results will not count)."""
+        self.client.abort(ids)
 
     def _assemble(self, slot: Slot) -> DataProto:
         rows = [slot.done[i] for i in range(len(slot.prompts) * slot.n)]
@@ -179,3 +188,6 @@ class AsyncRollouts:
 
     def in_flight_samples(self) -> int:
         return sum(len(s.prompts) * s.n for s in self.slots)
+
+    def close(self) -> None:
+        """(The replicas' services end with their workers.)"""

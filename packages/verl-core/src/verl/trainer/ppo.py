@@ -13,6 +13,7 @@ The loop is plain sequential Python in the driver; workers do the heavy work. Ev
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -38,6 +39,7 @@ from verl.protocol import DataProto
 from verl.reward import make_reward_manager
 from verl.tracking import Progress, Tracker
 from verl.trainer.agent_rollouts import AgentRollouts
+from verl.trainer.async_agent_rollouts import AsyncAgentRollouts
 from verl.trainer.async_rollouts import AsyncRollouts
 from verl.trainer.balance import balance_batch
 from verl.trainer.checkpoint import CheckpointManager, checkpoint_root
@@ -169,7 +171,8 @@ class PPOTrainer:
             on_failure=r.on_replica_failure,
         )
         eos_ids, pad_id = eos_and_pad(self.tokenizer)
-        return AsyncRollouts(
+        make = functools.partial(AsyncAgentRollouts, agents=self.agents) if self.agents else AsyncRollouts
+        return make(
             client,
             read_prompts=lambda: self.with_uids(self.train_loader.next_batch()),
             data_position=self.train_loader.state_dict,
@@ -398,6 +401,9 @@ class PPOTrainer:
     def sync_rollout(self) -> Dict[str, float]:
         """A rollout on its own pool gets the updated weights (policy version = updates so far); a colocated
         one got them at the end of the actor's update."""
+        if self.async_rollouts is not None:  # a replica that died since the batch was taken leaves the group first
+            self.async_rollouts.client.check_alive()
+            self._drop_failed_replicas()
         return self.workers.sync_weights(self.step + 1)
 
     def entropy_due(self) -> bool:
@@ -609,6 +615,8 @@ class PPOTrainer:
         }
 
     def close(self) -> None:
+        if self.async_rollouts is not None:
+            self.async_rollouts.close()
         if self.agent_thread is not None:
             self.agent_thread.shutdown(wait=True)
         self.workers.shutdown()

@@ -15,7 +15,9 @@ its requests in flight are handed back (`take_lost`) to be submitted again to th
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 from collections import defaultdict
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -24,6 +26,17 @@ from verl.workers.rollout import RolloutWorker
 from verl.workers.rollout_server import Finished, Update
 
 logger = logging.getLogger(__name__)
+
+
+def _locked(method):
+    """One caller at a time: agent loops' turns are submitted and polled from a thread of their own."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with self.lock:
+            return method(self, *args, **kwargs)
+
+    return call
 
 
 class ReplicaFailed(RuntimeError):
@@ -47,6 +60,7 @@ class RolloutClient:
         self.in_flight: Dict[int, int] = {r: 0 for r in self.replicas}
         self.where: Dict[str, int] = {}  # request id -> replica
         self.counters: Dict[str, float] = defaultdict(float)  # turns, tokens, busy_s, interrupted (summed)
+        self.lock = threading.RLock()
 
     def _failed(self, replica: int, method: str, err: WorkerError) -> None:
         """Stop the run naming the replica, or (on_failure=continue, another replica left) drop it and hand its
@@ -62,6 +76,7 @@ class RolloutClient:
         then = f"continuing on replicas {self.replicas} ({len(lost)} of its requests generated again)"
         logger.warning("%s", ReplicaFailed(replica, self.pool, method, err, then=then))
 
+    @_locked
     def take_lost(self) -> List[str]:
         lost, self.lost = self.lost, []
         return lost
@@ -73,6 +88,17 @@ class RolloutClient:
             self._failed(replica, method.__name__, err)
             return None
 
+    @_locked
+    def check_alive(self) -> None:
+        """Ask every live replica for its weight version: one that does not answer has failed (see `_failed`)."""
+        pending = [(r, self.group.submit_to(r, RolloutWorker.weight_version)) for r in self.replicas]
+        for replica, call in pending:
+            try:
+                call.result()
+            except WorkerError as err:
+                self._failed(replica, "weight_version", err)
+
+    @_locked
     def submit(self, requests: Sequence[Dict[str, Any]], groups: Optional[Sequence[str]] = None) -> None:
         """Queue requests (id, prompt token ids, temperature, max_tokens); those sharing a group key go together."""
         groups = groups or [r["id"] for r in requests]
@@ -107,6 +133,7 @@ class RolloutClient:
         """Finished requests, and the tokens (with log-probs and versions) live ones gained since the last call."""
         return self._poll(timeout_s, stream=True)
 
+    @_locked
     def _poll(self, timeout_s: float, stream: bool) -> Tuple[List[Finished], List[Update]]:
         pending = [(r, self.group.submit_to(r, RolloutWorker.service_poll, timeout_s, stream)) for r in self.replicas]
         finished: List[Finished] = []
@@ -126,6 +153,7 @@ class RolloutClient:
             updates += [Update(**u) for u in out["updates"]]
         return finished, updates
 
+    @_locked
     def abort(self, ids: Sequence[str]) -> int:
         by_replica: Dict[int, List[str]] = defaultdict(list)
         for i in ids:
@@ -133,14 +161,17 @@ class RolloutClient:
                 by_replica[self.where.pop(i)].append(i)
         return sum(self._call(r, RolloutWorker.service_abort, reqs) or 0 for r, reqs in by_replica.items())
 
+    @_locked
     def pause(self) -> None:
         for r in list(self.replicas):
             self._call(r, RolloutWorker.service_pause)
 
+    @_locked
     def resume(self) -> None:
         for r in list(self.replicas):
             self._call(r, RolloutWorker.service_resume)
 
+    @_locked
     def take_counters(self) -> Dict[str, float]:
         counters, self.counters = dict(self.counters), defaultdict(float)
         return counters
