@@ -13,3 +13,15 @@ async def two_turns(sample, ctx):
     await ctx.generate()
     ctx.trajectory.finish = "answer"
     return ctx.trajectory
+
+
+class OddLengthEnv:
+    """An environment for env_agent: each action earns 1 when its stripped text has odd length (a reward with
+    spread on an untrained model), and the episode ends there; otherwise the observation asks again."""
+
+    def reset(self, sample) -> None:
+        self.prompt = sample.raw_prompt
+
+    def step(self, action: str):
+        reward = float(len(action.strip()) % 2)
+        return "again", reward, reward > 0

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from tests.support.agent_loops import TOOL_RESULT, TWO_TURNS
+from tests.support.agent_loops import TOOL_RESULT, TWO_TURNS, OddLengthEnv  # noqa: F401  (by _target_)
 from tests.support.run_configs import ODD_LENGTH_REWARD, fit, tiny_config
 from verl.agents.render import InsertRenderer
 from verl.trainer.ppo import PPOTrainer
@@ -81,6 +81,31 @@ def test_tool_recipe_trains_and_a_failing_tool_is_an_observation(tmp_path):
     assert all(r["agent/tool_calls/mean"] > 0 for r in rows)
     for r in rows:  # every call failed, and was answered
         assert r["agent/tool_errors"] == round(r["agent/tool_calls/mean"] * samples)
+
+
+def test_an_environment_episode_trains_on_its_return(tmp_path):
+    """env_agent with an environment of step rewards and reward.fn=episode_return: each trajectory's score is
+    the sum of its turns' rewards, observations are inserted between turns, and the update runs."""
+    env = [
+        "rollout.agent.loop=env_agent",
+        "rollout.agent.env={_target_: tests.support.agent_loops.OddLengthEnv}",
+        "rollout.agent.max_turns=3",
+        "reward.fn=episode_return",
+    ]
+    cfg = tiny_config("grpo_tiny", str(tmp_path), "trainer.controller=local", "data.max_response_length=24", *env)
+    trainer = PPOTrainer(cfg)
+    try:
+        batch = trainer.generate(trainer.train_loader.next_batch())
+        scores, _ = trainer.reward(batch)
+        returns = [sum(a["turn_rewards"]) for a in batch.non_tensor_batch["agent"]]
+        assert scores.sum(-1).tolist() == returns and 0 < sum(returns) < len(returns)
+        episodes = batch.non_tensor_batch["agent"]
+        assert all(len(a["turn_rewards"]) == a["turns"] for a in episodes) and max(a["turns"] for a in episodes) > 1
+    finally:
+        trainer.close()
+    _, rows = fit(cfg)
+    assert rows[0]["agent/turns/mean"] > 1 and rows[0]["agent/inserted_tokens/mean"] > 0
+    assert "actor/pg_loss" in rows[0]
 
 
 def test_one_step_off_runs_the_next_steps_loops_beside_the_update(tmp_path, ray_two_cpus):

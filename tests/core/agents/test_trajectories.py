@@ -219,3 +219,47 @@ def test_tool_agent_turns_failures_into_observations_and_metrics():
     # out of tokens: the tool's result would not leave room for a turn, so the trajectory ends there
     _, (short,) = run_tool_agent({10: ["calc(12345*6789)", "1"]}, {"calc": Calculator()}, response_length=20)
     assert short.finish == "length" and short.turns == 1
+
+
+class Check:
+    """A checker tool: the model gives a guess, the sample gives the answer (a hidden argument)."""
+
+    name, description = "check", "is the guess right"
+    parameters = {"type": "object", "properties": {"guess": {"type": "string"}}, "required": ["guess"]}
+
+    def __call__(self, guess: str, answer: str = "?") -> str:
+        return "right" if guess == answer else f"wrong:{answer}"
+
+
+def test_a_samples_extra_info_narrows_the_tools_and_gives_hidden_arguments():
+    from types import SimpleNamespace
+
+    from verl.agents.runner import AgentRunner
+
+    turns = {
+        10: ["check(42)", "ok"],  # the sample's answer is 42: right
+        11: ["check(42)", "ok"],  # its answer is 7: the tool says so (the model never saw 7)
+        12: ["calc(1+1)", "ok"],  # calc is not among this sample's tools: unknown
+        13: ["calc(1+1)", "ok"],  # no extra_info.tools: every tool
+    }
+    tok, generate_batch = scripted(turns)
+    cfg = SimpleNamespace(
+        loop="tool_agent",
+        tools=[{"_target_": "tests.core.agents.test_trajectories.Check"}, {"name": "calculator"}],
+        tool_parser="plain",
+        max_turns=3,
+        tool_timeout_s=5.0,
+        max_wall_s=None,
+        max_in_flight=8,
+        env=None,
+        program=None,
+    )
+    runner = AgentRunner(cfg, tok, response_length=60)
+    checked = {"tools": ["check"], "tools_kwargs": {"check": {"answer": "42"}}}
+    extras = [checked, {**checked, "tools_kwargs": {"check": {"answer": "7"}}}, {"tools": ["check"]}, {}]
+    samples = [AgentSample([k], "", None, extra) for k, extra in zip(turns, extras)]
+    (right, wrong, narrowed, every), _ = runner.run(samples, generate_batch, temperature=None)
+    assert "right" in tok.decode(right.response_ids) and right.tool_calls[0]["status"] == "ok"
+    assert "wrong:7" in tok.decode(wrong.response_ids)
+    assert narrowed.tool_calls[0]["status"] == "unknown" and "tools: check" in tok.decode(narrowed.response_ids)
+    assert every.tool_calls[0]["status"] == "ok" and "2\n" in tok.decode(every.response_ids)

@@ -64,7 +64,11 @@ def test_rl_dataloaders_from_config(char_tokenizer, embedded_cache):
         "data_source",
         "extra_info",
         "index",
+        "messages",  # the prompt's conversation, before rendering (what an external agent program is given)
     }
+    assert batch.non_tensor_batch["messages"][0] == [
+        {"role": "user", "content": batch.non_tensor_batch["raw_prompt"][0]}
+    ]
     val_batches = list(val)
     assert len(val_batches) == 1 and len(val_batches[0]) == 200  # val_batch_size None: the whole set
     assert list(val_batches[0].non_tensor_batch["index"]) == list(range(200))  # in file order

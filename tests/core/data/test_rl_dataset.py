@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import numpy as np
@@ -194,3 +195,56 @@ def test_left_padding_does_not_change_the_model_output(crafted, char_tokenizer, 
         alone = model(input_ids=ds[0]["input_ids"][None]).logits
     assert batch["attention_mask"][0].tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
     torch.testing.assert_close(padded[0, 4:], alone[0], atol=1e-5, rtol=1e-5)
+
+
+# A template that shows which tools a prompt was rendered with.
+TOOLS_TEMPLATE = (
+    "{% if tools %}{% for t in tools %}{{ t['function']['name'] }};{% endfor %}{% endif %}"
+    "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+)
+SCHEMAS = [
+    {"type": "function", "function": {"name": n, "description": "", "parameters": {"type": "object"}}}
+    for n in ("calc", "check")
+]
+
+
+def tool_row(content: str, **extra) -> dict:
+    row = rl_row(content, "1", 0)
+    row["extra_info"] = {**row["extra_info"], **extra}
+    return row
+
+
+def test_a_rows_tools_narrow_its_prompt_and_its_tool_arguments_are_read(tmp_path, char_tokenizer):
+    char_tokenizer = copy.deepcopy(char_tokenizer)  # (the fixture is the session's)
+    char_tokenizer.chat_template = TOOLS_TEMPLATE
+    rows = [
+        tool_row("1+1=", tools=["check"], tools_kwargs={"check": {"answer": "2"}}),
+        tool_row("2+2="),  # every tool (parquet gives it tools=None and tools_kwargs with None entries)
+    ]
+    path = write(tmp_path, rows)
+    ds = RLDataset([path], char_tokenizer, max_prompt_length=64, tools=SCHEMAS)
+    assert [ds[i]["raw_prompt"] for i in range(2)] == ["check;1+1=", "calc;check;2+2="]
+    assert ds[0]["extra_info"]["tools"] == ["check"]
+    assert ds[0]["extra_info"]["tools_kwargs"] == {"check": {"answer": "2"}}  # (calc: None in parquet, dropped)
+    assert ds[1]["extra_info"]["tools"] is None and ds[1]["extra_info"]["tools_kwargs"] == {}
+    as_json = write(tmp_path, [tool_row("3+3=", tools_kwargs='{"calc": {"precision": 2}}')], "json.parquet")  # read
+    assert RLDataset([as_json], char_tokenizer, max_prompt_length=64, tools=SCHEMAS)[0]["extra_info"][
+        "tools_kwargs"
+    ] == {"calc": {"precision": 2}}
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"tools": ["search"]}, r"row 0: extra_info.tools names \['search'\], not among rollout.agent.tools"),
+        ({"tools": "calc"}, r"row 0: extra_info.tools must be a list of tool names"),
+        ({"tools_kwargs": {"search": {"q": "x"}}}, r"row 0: extra_info.tools_kwargs names tool 'search'"),
+        ({"tools_kwargs": {"calc": "x"}}, r"row 0: extra_info.tools_kwargs\['calc'\] must be a \{keyword: value\}"),
+        ({"tools_kwargs": "{nope"}, r"row 0: extra_info.tools_kwargs is a string but not JSON"),
+    ],
+)
+def test_bad_per_sample_tools_name_the_file_and_row(tmp_path, char_tokenizer, extra, message):
+    path = write(tmp_path, [tool_row("1+1=", **extra)])
+    with pytest.raises(ValueError, match=message) as err:
+        RLDataset([path], char_tokenizer, max_prompt_length=64, tools=SCHEMAS)
+    assert path in str(err.value)

@@ -204,3 +204,13 @@ def test_math_boxed(response, ground_truth, score):
 def test_math_boxed_format_score():
     assert functions.math_boxed("q", r"\boxed{3}", "4", {}, format_score=0.1) == 0.1
     assert functions.math_boxed("q", "3", "4", {}, format_score=0.1) == 0.0
+
+
+def test_episode_return_sums_the_turn_rewards_discounted():
+    fn = get_reward_fn("episode_return")
+    agent = {"turns": 3, "turn_rewards": [1.0, 0.0, 2.0]}
+    assert fn("p", "r", "", {"agent": agent}) == 3.0
+    assert get_reward_fn({"_target_": "episode_return", "discount": 0.5})("p", "r", "", {"agent": agent}) == 1.5
+    assert fn("p", "r", "", {"agent": {"turns": 1, "turn_rewards": []}}) == 0.0
+    with pytest.raises(ValueError, match="set rollout.agent.loop"):
+        fn("p", "r", "", {})

@@ -44,7 +44,8 @@ class AgentContext:
     max_response_tokens: int  # the whole response: model turns and inserted tokens
     max_turns: int
     temperature: Optional[float] = None
-    tools: Mapping[str, Tool] = field(default_factory=dict)
+    tools: Mapping[str, Tool] = field(default_factory=dict)  # the ones this sample may call
+    tool_kwargs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # the sample's hidden arguments
     parser: Optional[Parser] = None
     tool_timeout_s: float = 10.0
     make_env: Optional[Callable[[], Any]] = None
@@ -138,7 +139,9 @@ async def tool_agent(sample: AgentSample, ctx: AgentContext) -> Trajectory:
             return t
         messages = [{"role": "tool", "content": f"error: malformed tool call: {why}"} for why in turn.malformed]
         t.malformed += turn.malformed
-        results = await asyncio.gather(*(run_tool(ctx.tools, call, ctx.tool_timeout_s) for call in turn.calls))
+        results = await asyncio.gather(
+            *(run_tool(ctx.tools, call, ctx.tool_timeout_s, ctx.tool_kwargs.get(call.name)) for call in turn.calls)
+        )
         for call, result in zip(turn.calls, results):
             t.tool_calls.append({"name": call.name, "arguments": call.arguments, "status": result.status})
             messages.append({"role": "tool", "name": call.name, "content": result.text})

@@ -57,7 +57,9 @@ class AgentRunner:
         index: int = 0,
     ) -> Trajectory:
         """One sample's agent loop over `client` (a GenerationClient that counts live trajectories in and out),
-        within the trajectory's wall-time limit; a loop that raises is named with its sample."""
+        within the trajectory's wall-time limit; a loop that raises is named with its sample. The sample's
+        extra_info may narrow the tools (`tools`) and give them hidden arguments (`tools_kwargs`)."""
+        tools = sample.extra_info.get("tools")
         ctx = AgentContext(
             client=client,
             tokenizer=self.tokenizer,
@@ -66,7 +68,8 @@ class AgentRunner:
             max_response_tokens=self.response_length,
             max_turns=self.cfg.max_turns,
             temperature=temperature,
-            tools=self.tools,
+            tools=self.tools if tools is None else {name: self.tools[name] for name in tools},
+            tool_kwargs=sample.extra_info.get("tools_kwargs") or {},
             parser=self.parser,
             tool_timeout_s=self.cfg.tool_timeout_s,
             make_env=self.make_env,

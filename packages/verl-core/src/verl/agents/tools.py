@@ -107,19 +107,23 @@ class ToolResult:
     status: str  # ok | error (the tool raised or was misused) | timeout | unknown (no such tool)
 
 
-async def run_tool(tools: Mapping[str, Tool], call: ToolCall, timeout_s: float) -> ToolResult:
-    """The result of one call, as an observation: the tool's text, or what went wrong in words the model can read."""
+async def run_tool(
+    tools: Mapping[str, Tool], call: ToolCall, timeout_s: float, hidden: Optional[Mapping[str, Any]] = None
+) -> ToolResult:
+    """The result of one call, as an observation: the tool's text, or what went wrong in words the model can read.
+    `hidden`: the sample's own arguments for this tool (extra_info.tools_kwargs), over the model's."""
     tool = tools.get(call.name)
     if tool is None:
         return ToolResult(f"error: no tool named {call.name!r}; tools: {', '.join(sorted(tools))}", "unknown")
     problem = _argument_problem(tool, call.arguments)
     if problem:
         return ToolResult(f"error: {call.name}: {problem}", "error")
+    arguments = {**call.arguments, **(hidden or {})}
     try:
         if inspect.iscoroutinefunction(tool.__call__) or inspect.iscoroutinefunction(tool):
-            out = await asyncio.wait_for(tool(**call.arguments), timeout_s)
+            out = await asyncio.wait_for(tool(**arguments), timeout_s)
         else:  # a blocking tool runs on a thread, so the other trajectories go on meanwhile
-            out = await asyncio.wait_for(asyncio.to_thread(tool, **call.arguments), timeout_s)
+            out = await asyncio.wait_for(asyncio.to_thread(tool, **arguments), timeout_s)
     except asyncio.TimeoutError:
         return ToolResult(f"error: {call.name} took longer than {timeout_s:g} s", "timeout")
     except ToolTimeout as e:

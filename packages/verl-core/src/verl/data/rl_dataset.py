@@ -15,6 +15,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from verl.data.prompt_cache import cached_prompts
 from verl.data.rows import MESSAGES_FORMAT, check_messages, read_columns, render_prompts, warn_dropped
+from verl.data.sample_tools import row_tool_kwargs, row_tools
 from verl.embedded.arithmetic import resolve_data_files
 from verl.embedded.cache import settings_hash
 from verl.protocol import DataProto
@@ -45,7 +46,8 @@ class RLDataset:
         cache_dir: str | os.PathLike | None = None,
         tools: list[dict[str, Any]] | None = None,
     ) -> None:
-        """tools: the agent's tools (JSON schemas), rendered into every prompt by the chat template."""
+        """tools: the agent's tools (JSON schemas), rendered into every prompt by the chat template (a row's
+        extra_info.tools may name a subset; see verl.data.sample_tools)."""
         if max_prompt_length < 1:
             raise ValueError(f"max_prompt_length must be >= 1, got {max_prompt_length}")
         self.max_prompt_length = max_prompt_length
@@ -67,14 +69,27 @@ class RLDataset:
         columns = read_columns(path, required, optional=("extra_info",))
         n_rows = len(columns[prompt_key])
         conversations = [check_messages(v, path, i, prompt_key) for i, v in enumerate(columns[prompt_key])]
+        extra_infos = [dict(e or {}) for e in columns.get("extra_info") or [None] * n_rows]
+        names = [t["function"]["name"] for t in self.tools or []]
+        for i, extra in enumerate(extra_infos):  # per-sample tools, checked and normalised (verl.data.sample_tools)
+            if self.tools is not None and "tools" in extra:
+                extra["tools"] = row_tools(extra, names, path, i)
+            if self.tools is not None and "tools_kwargs" in extra:
+                extra["tools_kwargs"] = row_tool_kwargs(extra, names, path, i)
 
         def tokenise() -> tuple[list[str], list[list[int]]]:
-            texts = render_prompts(tokenizer, conversations, self.tools)
+            texts = [""] * n_rows
+            subsets: dict[Any, list[int]] = {}  # rows by the tools their prompt shows (None: all)
+            for i, extra in enumerate(extra_infos):
+                subsets.setdefault(None if extra.get("tools") is None else tuple(extra["tools"]), []).append(i)
+            for subset, rows in subsets.items():
+                tools = self.tools if subset is None else [t for t in self.tools if t["function"]["name"] in subset]
+                for i, text in zip(rows, render_prompts(tokenizer, [conversations[i] for i in rows], tools or None)):
+                    texts[i] = text
             return texts, (tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
 
         key = prompt_key if self.tools is None else f"{prompt_key}+tools-{settings_hash(self.tools)}"
         texts, ids = cached_prompts(path, tokenizer, key, tokenise, self.cache_dir)
-        extra_infos = columns.get("extra_info") or [None] * n_rows
         n_dropped = 0
         for i in range(n_rows):
             truth = _ground_truth(columns["reward_model"][i], path, i)
@@ -93,7 +108,7 @@ class RLDataset:
                 n_dropped += 1
                 continue
             row = {"input_ids": ids[i], "raw_prompt": texts[i], "ground_truth": truth, "data_source": data_source}
-            self.rows.append({**row, "extra_info": dict(extra_infos[i] or {}), "messages": conversations[i]})
+            self.rows.append({**row, "extra_info": extra_infos[i], "messages": conversations[i]})
         self.n_filtered += n_dropped
         warn_dropped(path, n_dropped, n_rows, f"prompts longer than max_prompt_length={self.max_prompt_length}")
 

@@ -176,3 +176,16 @@ def math_boxed(prompt: str, response: str, ground_truth: str, extra: dict, *, fo
     if answer is None:
         return 0.0
     return 1.0 if math_answers_equal(answer, reference) else float(format_score)
+
+
+@register_reward("episode_return")
+def episode_return(prompt: str, response: str, ground_truth: str, extra: dict, *, discount: float = 1.0) -> float:
+    """An agent episode's return: the sum of its per-turn rewards (env_agent's step rewards), the k-th turn's
+    weighted by discount**k."""
+    agent = extra.get("agent")
+    if agent is None:
+        raise ValueError(
+            "episode_return scores agent episodes, and this sample has none: set rollout.agent.loop "
+            "(env_agent records the environment's step rewards)"
+        )
+    return float(sum(r * discount**k for k, r in enumerate(agent.get("turn_rewards") or [])))
