@@ -79,6 +79,18 @@ THREE_RANKS = (
 )
 
 
+def _train_past_a_dead_replica(trainer: PPOTrainer, steps: int = 3) -> list[dict]:
+    """One step, then replica 1 killed, then `steps` more steps: their metrics."""
+    trainer.train_step()
+    trainer.step += 1
+    ray.kill(trainer.workers.rollout.executor.actors[1], no_restart=True)
+    rows = []
+    for _ in range(steps):
+        rows.append(trainer.train_step())
+        trainer.step += 1
+    return rows
+
+
 def test_a_replica_that_dies_is_reported_by_name(tmp_path, ray_three_cpus, embedded_cache, monkeypatch):
     monkeypatch.setenv("VERL_CACHE", embedded_cache)
     monkeypatch.setenv("VERL_TEST_PROMPT_LOG", str(tmp_path / "prompts"))
@@ -106,13 +118,7 @@ def test_with_continue_the_run_goes_on_with_the_replicas_left(tmp_path, ray_thre
     trainer = PPOTrainer(cfg)
     try:
         before = trainer.validate()["val/n"]
-        trainer.train_step()
-        trainer.step += 1
-        ray.kill(trainer.workers.rollout.executor.actors[1], no_restart=True)
-        rows = []
-        for _ in range(3):
-            rows.append(trainer.train_step())
-            trainer.step += 1
+        rows = _train_past_a_dead_replica(trainer)
         assert trainer.async_rollouts.client.dead == [1] and trainer.workers.rollout_ranks == [0]
         assert [r["rollout/replicas"] for r in rows] == [1.0, 1.0, 1.0]
         assert [r["rollout/weight_version"] for r in rows] == [2.0, 3.0, 4.0]  # the live replica keeps up
@@ -133,13 +139,7 @@ def test_agent_loops_go_on_when_a_replica_dies_and_stop_by_name_when_none_may(
     agents = (TWO_TURNS, "data.max_response_length=16")
     trainer = PPOTrainer(_config(tmp_path / "on", *THREE_RANKS, *agents, "rollout.on_replica_failure=continue"))
     try:
-        trainer.train_step()
-        trainer.step += 1
-        ray.kill(trainer.workers.rollout.executor.actors[1], no_restart=True)
-        rows = []
-        for _ in range(3):
-            rows.append(trainer.train_step())
-            trainer.step += 1
+        rows = _train_past_a_dead_replica(trainer)
         assert trainer.async_rollouts.client.dead == [1]
         assert [r["agent/turns/mean"] for r in rows] == [2.0, 2.0, 2.0]
         assert [r["rollout/weight_version"] for r in rows] == [2.0, 3.0, 4.0]
@@ -147,13 +147,8 @@ def test_agent_loops_go_on_when_a_replica_dies_and_stop_by_name_when_none_may(
         trainer.close()
     trainer = PPOTrainer(_config(tmp_path / "stop", *THREE_RANKS, *agents))
     try:
-        trainer.train_step()
-        trainer.step += 1
-        ray.kill(trainer.workers.rollout.executor.actors[1], no_restart=True)
         with pytest.raises(ReplicaFailed, match=r"rollout replica 1 \(rank 1 of pool 'gen'\) failed"):
-            for _ in range(3):
-                trainer.train_step()
-                trainer.step += 1
+            _train_past_a_dead_replica(trainer)
     finally:
         trainer.close()
 
