@@ -24,7 +24,6 @@ class ServiceClient:
         self.waiting: Dict[str, Tuple[asyncio.AbstractEventLoop, asyncio.Future, Dict[str, Any]]] = {}
         self.outbox: List[Dict[str, Any]] = []
         self.aborts: List[str] = []
-        self.turns = 0  # requests served
         self.resubmitted = 0  # turns lost with a failed replica and submitted again
         self.error: Optional[BaseException] = None
         self._ids = itertools.count()
@@ -98,7 +97,6 @@ class ServiceClient:
                 for f in finished:
                     loop, future, _ = self.waiting.pop(f.id, (None, None, None))
                     if loop is not None:
-                        self.turns += 1
                         loop.call_soon_threadsafe(_settle, future, (f.tokens, f.log_probs, f.versions))
 
     def _fail(self, err: BaseException) -> None:
