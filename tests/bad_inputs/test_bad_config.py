@@ -187,6 +187,36 @@ CASES = [
         "placement.pools",
         "reference must share the actor's pool",
     ),
+    # preference optimisation (algorithm.name dpo / online_dpo)
+    ("algorithm_unknown", ["algorithm.name=dpo2"], "algorithm.name", "did you mean 'dpo'"),
+    ("dpo_loss_unknown", ["algorithm.name=online_dpo", "algorithm.dpo.loss=hinge"], "algorithm.dpo.loss", "ipo"),
+    ("dpo_beta_zero", ["algorithm.name=online_dpo", "algorithm.dpo.beta=0"], "algorithm.dpo.beta", "> 0"),
+    (
+        "dpo_odd_micro_batch",
+        ["algorithm.name=online_dpo", "actor.ppo_micro_batch_size_per_device=3"],
+        "actor.ppo_micro_batch_size_per_device",
+        "whole (chosen, rejected) pairs",
+    ),
+    (
+        "dpo_token_budget",
+        ["algorithm.name=online_dpo", "actor.ppo_max_tokens_per_device=256"],
+        "actor.ppo_max_tokens_per_device",
+        "could part a chosen reply",
+    ),
+    ("dpo_with_kl_loss", ["algorithm.name=online_dpo", "actor.use_kl_loss=true"], "actor.use_kl_loss", "beta"),
+    ("online_dpo_one_sample", ["algorithm.name=online_dpo", "rollout.n=1"], "rollout.n", "rollout.n=2 or more"),
+    ("online_dpo_no_ref", ["algorithm.name=online_dpo", "ref.enable=false"], "ref.enable", "reference's log-probs"),
+    (
+        "dpo_on_rl_data",
+        [
+            "algorithm.name=dpo",
+            "placement.pools=[{{name: hybrid, roles: [actor, rollout, ref]}}]",
+            "actor.ppo_micro_batch_size_per_device=32",
+            "data.train_files=[{no_reward_model}]",
+        ],
+        "data.train_files[0]",
+        "lacks the column(s) chosen, rejected",
+    ),
     ("unset_by_override", ["actor.optim.lr=???"], "actor.optim.lr", "sets no value"),
     # text of the recipe and overrides
     ("key_in_the_wrong_section", ["trainer.save_every=5"], "trainer.save_every", "checkpoint.save_every"),

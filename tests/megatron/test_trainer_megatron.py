@@ -95,3 +95,27 @@ def test_ppo_with_megatron_actor_and_critic(tmp_path):
     for key in ("critic/vf_loss", "critic/grad_norm", "actor/pg_loss", "actor/grad_norm", "critic/vpred_mean"):
         assert key in row, key
     assert os.path.exists(tmp_path / "checkpoints" / "step_2" / "critic" / "verl_megatron.json")
+
+
+def test_dpo_on_a_tp2_megatron_actor_matches_fsdp(tmp_path):
+    """The DPO loss is an engine-agnostic micro-batch loss: a megatron actor and reference at TP=2 on two workers
+    train the same pairs as an FSDP actor on one, to float summation order."""
+    import pandas as pd
+
+    from tests.support.run_configs import fit
+    from verl.embedded.arithmetic import make_preference_rows
+
+    path = str(tmp_path / "pairs.parquet")
+    pd.DataFrame(make_preference_rows(8, seed=0)).to_parquet(path)
+    common = (f"data.train_files=[{path}]", "actor.ppo_mini_batch_size=4", "actor.optim.lr=1e-3")
+    _, fsdp = fit(tiny_config("dpo_tiny", str(tmp_path / "fsdp"), *common))
+    megatron = (
+        "actor.backend=megatron",
+        "actor.parallel.tp=2",
+        "placement.devices_per_node=2",
+        "trainer.controller=ray",
+    )
+    _, tp2 = fit(tiny_config("dpo_tiny", str(tmp_path / "megatron"), *common, *megatron))
+    assert tp2[0]["actor/dpo_loss"] == pytest.approx(0.6931471805599453, abs=1e-6)  # log 2: policy = reference
+    for key in ("actor/dpo_loss", "actor/grad_norm", "actor/dpo/reward_margins"):
+        assert [m[key] for m in tp2] == pytest.approx([m[key] for m in fsdp], rel=1e-4, abs=1e-5), key

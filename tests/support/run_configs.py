@@ -37,9 +37,9 @@ def fit(cfg: DictConfig) -> tuple[dict, list[dict]]:
     import json
     import os
 
-    from verl.trainer.ppo import PPOTrainer
+    from verl.trainer.registry import RLTrainer
 
-    trainer = PPOTrainer(cfg)
+    trainer = RLTrainer(cfg)  # the trainer algorithm.name picks
     try:
         summary = trainer.fit()
     finally:

@@ -46,3 +46,21 @@ def test_unknown_filter_metric_names_the_key():
     batch = _batch([2, 2], [1, 0], np.array(["a", "a"], dtype=object))
     with pytest.raises(ValueError, match="algorithm.filter_groups.metric"):
         informative_groups(batch, "acc")
+
+
+def test_online_dpo_pairs_the_best_and_the_worst_of_each_group():
+    from verl.trainer.shaping import best_and_worst
+
+    # groups of 3: [1, 0, 2] -> best row 2, worst row 1; [1, 1, 1] tied -> dropped; [0, 3, 3] -> best 4 (first of
+    # the ties), worst 3; [5, 0, 0] -> 9 then 10.
+    scores = [1.0, 0.0, 2.0, 1.0, 1.0, 1.0, 0.0, 3.0, 3.0, 5.0, 0.0, 0.0]
+    batch = _batch([2] * 12, scores, [str(i // 3) for i in range(12)])
+    batch.batch["row"] = torch.arange(12)
+    pairs, metrics = best_and_worst(batch, 3)
+    assert pairs.batch["row"].tolist() == [2, 1, 7, 6, 9, 10]
+    assert pairs.batch["is_chosen"].tolist() == [1, 0, 1, 0, 1, 0]
+    assert metrics == {"dpo/pairs": 3.0, "dpo/tied_groups": 1.0, "dpo/score_gap": pytest.approx((2 + 3 + 5) / 3)}
+    pairs, metrics = best_and_worst(batch, 3, multiple=2)  # two data-parallel ranks: whole pairs each
+    assert pairs.batch["row"].tolist() == [2, 1, 7, 6] and metrics["dpo/pairs"] == 2.0
+    with pytest.raises(ValueError, match="does not hold whole groups of rollout.n=5"):
+        best_and_worst(batch, 5)

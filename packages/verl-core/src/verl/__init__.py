@@ -1,7 +1,7 @@
 """verl: reinforcement-learning post-training for large language models.
 
-    from verl import PPOTrainer, load_config
-    trainer = PPOTrainer("recipes/grpo_tiny.yaml", overrides=["trainer.total_steps=20"])
+    from verl import RLTrainer, load_config
+    trainer = RLTrainer("recipes/grpo_tiny.yaml", overrides=["trainer.total_steps=20"])  # a PPOTrainer
     print(trainer.fit())
     trainer.close()
 
@@ -22,6 +22,8 @@ except importlib.metadata.PackageNotFoundError:  # a source checkout that was no
 # The public names, imported on first use: `import verl` stays light (no torch, no Ray) for the CLI.
 _PUBLIC = {
     "PPOTrainer": "verl.trainer.ppo",
+    "DPOTrainer": "verl.trainer.dpo",
+    "RLTrainer": "verl.trainer.registry",
     "format_summary": "verl.trainer.ppo",
     "load_config": "verl.config.loader",
     "ConfigError": "verl.config.errors",

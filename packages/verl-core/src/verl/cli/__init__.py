@@ -153,9 +153,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def start_trainer(cfg: Any, plan: Any, name: str = "run") -> int:
     """Train with the validated config and its plan, and print the one-line summary."""
-    from verl.trainer.ppo import PPOTrainer, format_summary
+    from verl.trainer.ppo import format_summary
+    from verl.trainer.registry import RLTrainer
 
-    trainer = PPOTrainer(cfg, plan=plan)
+    trainer = RLTrainer(cfg, plan=plan)  # the trainer algorithm.name selects
     try:
         summary = trainer.fit()
     finally:

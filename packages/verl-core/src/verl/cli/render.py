@@ -55,8 +55,13 @@ def _ratio(total: int, parts: int, per: Optional[int]) -> str:
 
 def _batch_lines(plan: Plan) -> List[str]:
     batch = plan.batch
-    lines = [f"batch: {_count(batch.prompts, 'prompt')} x {_count(batch.n, 'sample')} = {batch.samples} samples/step"]
-    if batch.rollout_dp is not None:
+    if plan.trainer == "dpo":  # (the rollout only generates for validation)
+        lines = [f"batch: {_count(batch.prompts, 'pair')} x 2 replies (chosen, rejected) = {batch.samples} rows/step"]
+    else:
+        lines = [
+            f"batch: {_count(batch.prompts, 'prompt')} x {_count(batch.n, 'sample')} = {batch.samples} samples/step"
+        ]
+    if batch.rollout_dp is not None and plan.trainer != "dpo":
         per = batch.prompts_per_replica
         tail = f" x {batch.n} = {per * batch.n} samples" if per is not None else ""
         lines.append(
@@ -81,14 +86,16 @@ def _batch_lines(plan: Plan) -> List[str]:
             f"{t.role}: mini-batch {t.mini_prompts} prompts = {t.mini_samples} samples = "
             f"{per_rank} per DP rank = {micro}{steps}"
         )
-    if plan.log_prob_passes:
+    if plan.log_prob_passes and plan.trainer == "online_dpo":
+        lines.append(f"log-prob passes: ref over the pairs only (<= {2 * batch.prompts} rows)")
+    elif plan.log_prob_passes:
         passes = [
             f"{r.name} {_ratio(batch.samples, r.layout.dp, batch.per_rank(r.layout.dp))} per DP rank "
             f"(micro-batches of {f'<= {r.max_tokens} tokens' if r.max_tokens else r.micro_batch})"
             for r in plan.log_prob_passes
         ]
         lines.append(f"log-prob passes over {batch.samples} samples: " + "; ".join(passes))
-    if plan.has("actor"):
+    if plan.has("actor") and plan.trainer == "ppo":
         lines.append(
             "old log-probs: the update's own forward (on-policy; actor.recompute_old_log_probs=always for a pass)"
             if plan.old_log_probs == "update"
@@ -148,6 +155,13 @@ def _run_lines(plan: Plan) -> List[str]:
         f"lengths: prompts <= {plan.prompt_length} tokens, responses <= {plan.response_length} tokens; "
         f"log-probs at temperature {plan.temperature:g}"
     ]
+    if plan.trainer == "dpo":
+        lines.append("trainer: dpo: preference pairs from data.train_files, the loss against the reference (ref)")
+    elif plan.trainer == "online_dpo":
+        lines.append(
+            f"trainer: online_dpo: rollout.n={plan.batch.n} samples per prompt ranked by the reward; the best and the "
+            "worst form a pair (prompts whose samples all score the same are skipped)"
+        )
     lines.append(f"controller: {plan.controller} ({plan.controller_why})")
     if plan.threads:
         lines.append(f"threads: {plan.threads} per worker process ({plan.threads_from})")

@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 from verl.config.checks import Context, error_at, warning_at
 from verl.config.errors import ConfigError, ConfigProblem
 from verl.config.placement import estimator_inputs, value
+from verl.config.schema import PREFERENCE_ALGORITHMS
 
 # Keys that name a registry entry (verl.algos), and the registry: "critic." keys only when a critic runs.
 REGISTRY_KEYS = (
@@ -21,6 +22,7 @@ REGISTRY_KEYS = (
     ("algorithm.kl_penalty", "KL_ESTIMATORS"),
     ("actor.kl_loss_type", "KL_ESTIMATORS"),
     ("algorithm.kl_ctrl.type", "KL_CONTROLLERS"),
+    ("algorithm.dpo.loss", "DPO_LOSSES"),
 )
 
 
@@ -45,6 +47,8 @@ def check_values_have_a_critic(ctx: Context) -> List[ConfigProblem]:
 def check_group_size(ctx: Context) -> List[ConfigProblem]:
     """Estimators with a group baseline (they need the group index) learn nothing from groups of one."""
     if value(ctx.cfg, "rollout.n") != 1 or "index" not in estimator_inputs(ctx.cfg):
+        return []
+    if value(ctx.cfg, "algorithm.name") in PREFERENCE_ALGORITHMS:  # (check_preference asks online DPO for n >= 2)
         return []
     return [
         warning_at(
@@ -102,6 +106,7 @@ def check_registry_names(ctx: Context) -> List[ConfigProblem]:
         p
         for key, registry_name in REGISTRY_KEYS
         if not key.startswith("critic.") or "critic" in ctx.draft.roles
+        if not key.startswith("algorithm.dpo.") or value(ctx.cfg, "algorithm.name") in PREFERENCE_ALGORITHMS
         for p in _registered(key, value(ctx.cfg, key), getattr(algos, registry_name))
     ]
 
@@ -218,4 +223,76 @@ def check_reward(ctx: Context) -> List[ConfigProblem]:
             problems.append(error_at("reward.model._target_", "does not name a class or function", "name a class"))
     except ConfigError as e:
         problems += e.problems
+    return problems
+
+
+def check_preference(ctx: Context) -> List[ConfigProblem]:
+    """What DPO and online DPO need: whole (chosen, rejected) pairs on every rank and in every micro-batch, a
+    synchronous step, no critic, and (online) groups of at least two samples to rank."""
+    cfg, name = ctx.cfg, value(ctx.cfg, "algorithm.name")
+    if name not in PREFERENCE_ALGORITHMS:  # ppo / grpo: only a name, the estimator decides; say when they disagree
+        critic = "critic" in ctx.draft.roles
+        if (name == "ppo" and not critic) or (name == "grpo" and critic):
+            has = "without" if name == "ppo" else "with"
+            return [
+                warning_at(
+                    "algorithm.name",
+                    f"{name} {has} a critic: algorithm.adv_estimator={_estimator_label(cfg)} decides the advantages",
+                    "set algorithm.adv_estimator=gae for PPO with a critic, grpo for group baselines",
+                )
+            ]
+        return []
+    label = f"algorithm.name={name}"
+    problems = []
+    if value(cfg, "trainer.mode") not in (None, "sync"):
+        problems.append(error_at("trainer.mode", f"{label} trains synchronously", "set trainer.mode=sync"))
+    if value(cfg, "rollout.agent.loop") is not None:
+        problems.append(error_at("rollout.agent.loop", f"{label} ranks single completions", "remove it"))
+    if "critic" in ctx.draft.roles:
+        problems.append(
+            error_at("critic.enable", f"{label} trains no critic", "set critic.enable=false (and adv_estimator=grpo)")
+        )
+    if "ref" not in ctx.draft.roles and name == "online_dpo":
+        problems.append(error_at("ref.enable", f"{label} needs the reference's log-probs", "set ref.enable=true"))
+    for key in ("actor.use_kl_loss", "algorithm.use_kl_in_reward"):
+        if value(cfg, key):
+            problems.append(
+                error_at(
+                    key,
+                    f"{label}: the DPO loss holds its own pull to the reference",
+                    "set it to false and tune algorithm.dpo.beta",
+                )
+            )
+    if value(cfg, "actor.ppo_max_tokens_per_device") is not None:
+        problems.append(
+            error_at(
+                "actor.ppo_max_tokens_per_device",
+                f"{label}: micro-batches cut by tokens could part a chosen reply from its rejected one",
+                "remove it; actor.ppo_micro_batch_size_per_device (even) cuts them by rows",
+            )
+        )
+    micro = value(cfg, "actor.ppo_micro_batch_size_per_device")
+    if isinstance(micro, int) and micro % 2:
+        problems.append(
+            error_at(
+                "actor.ppo_micro_batch_size_per_device",
+                f"{label}: a micro-batch holds whole (chosen, rejected) pairs, so an even number of rows; got {micro}",
+                f"set it to {micro + 1}",
+            )
+        )
+    actor = ctx.draft.plan.batch.train_of("actor") if ctx.draft.plan.batch is not None else None
+    if actor is not None and isinstance(actor.dp, int) and actor.mini_prompts % actor.dp:
+        problems.append(
+            error_at(
+                "actor.ppo_mini_batch_size",
+                f"{label}: {actor.mini_prompts} pairs per optimizer step do not split into whole pairs over the "
+                f"actor's {actor.dp} data-parallel ranks",
+                f"make it a multiple of {actor.dp}",
+            )
+        )
+    n = value(cfg, "rollout.n")
+    if name == "online_dpo" and isinstance(n, int) and n < 2:
+        problems.append(
+            error_at("rollout.n", f"{label} ranks rollout.n samples per prompt; got {n}", "set rollout.n=2 or more")
+        )
     return problems

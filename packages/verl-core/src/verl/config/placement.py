@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from omegaconf import DictConfig, OmegaConf
 
 from verl.config.errors import ConfigError, ConfigProblem
-from verl.config.schema import ROLES, VerlConfig
+from verl.config.schema import PREFERENCE_ALGORITHMS, ROLES, VerlConfig
 
 AXES = ("tp", "pp", "cp", "dp", "ep")
 TRAIN_ROLES = ("actor", "ref", "critic")
@@ -50,6 +50,8 @@ def _switch(cfg: DictConfig, role: str) -> Tuple[bool, str]:
     if enable is not None:
         return bool(enable), f"{role}.enable=true"
     if role == "ref":
+        if value(cfg, "algorithm.name") in PREFERENCE_ALGORITHMS:
+            return True, f"algorithm.name={value(cfg, 'algorithm.name')}"
         kl = bool(value(cfg, "actor.use_kl_loss")) or bool(value(cfg, "algorithm.use_kl_in_reward"))
         return kl, "actor.use_kl_loss or algorithm.use_kl_in_reward is true"
     return "values" in estimator_inputs(cfg), f"algorithm.adv_estimator={value(cfg, 'algorithm.adv_estimator')}"

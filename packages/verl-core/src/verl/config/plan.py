@@ -28,6 +28,7 @@ from verl.config.placement import (
     resolve_pools,
     value,
 )
+from verl.config.schema import PREFERENCE_ALGORITHMS
 
 
 def _split(total: Optional[int], parts: Optional[int]) -> Optional[int]:
@@ -155,6 +156,9 @@ class Plan:
     # rollout.agent.loop: the agent loop that makes each sample's trajectory (None: one completion per sample)
     agent_loop: Optional[str] = None
     agent_max_turns: int = 1
+    # what trains: "ppo" (PPOTrainer: ppo, grpo and every advantage estimator), "dpo" or "online_dpo"
+    # (DPOTrainer); from algorithm.name (verl.trainer.registry maps it to the class)
+    trainer: str = "ppo"
     controller: str = "ray"  # what runs the workers: trainer.controller, with auto resolved (_controller)
     controller_why: str = ""
     threads: Optional[int] = None  # CPU: torch threads of each worker process (None on GPUs)
@@ -285,6 +289,9 @@ def batch_plan(cfg: DictConfig, roles: Sequence[str], layouts: Sequence[Layout])
     prompts, n = _positive(cfg, "data.train_batch_size"), _positive(cfg, "rollout.n")
     if prompts is None or n is None:
         return None
+    pairs = preference(cfg)
+    if pairs == "dpo":  # offline: each prompt's two rows are its chosen and rejected responses (rollout.n unused)
+        n = 2
     dps = {layout.role: layout.dp for layout in layouts}
     train = []
     for role in ("actor", "critic"):
@@ -293,8 +300,15 @@ def batch_plan(cfg: DictConfig, roles: Sequence[str], layouts: Sequence[Layout])
         epochs = _positive(cfg, f"{role}.ppo_epochs", "actor.ppo_epochs")
         if role in roles and None not in (mini, micro, epochs):
             tokens = _positive(cfg, TRAIN_TOKEN_KEYS[role])
-            train.append(TrainBatch(role, prompts, mini, n, dps.get(role), micro, epochs, tokens))
+            rows = 2 if pairs else n  # preference updates train on one (chosen, rejected) pair per prompt
+            train.append(TrainBatch(role, prompts, mini, rows, dps.get(role), micro, epochs, tokens))
     return BatchPlan(prompts, n, dps.get("rollout"), tuple(train))
+
+
+def preference(cfg: DictConfig) -> Optional[str]:
+    """algorithm.name when it is a preference algorithm (dpo, online_dpo), else None."""
+    name = value(cfg, "algorithm.name")
+    return name if name in PREFERENCE_ALGORITHMS else None
 
 
 def _role_plan(cfg: DictConfig, layout: Layout, batch: Optional[BatchPlan]) -> RolePlan:
@@ -327,7 +341,8 @@ def draft_plan(cfg: Any, total_steps: Optional[int] = None) -> Draft:
         batch=batch,
         prompt_length=value(cfg, "data.max_prompt_length"),
         response_length=value(cfg, "rollout.max_new_tokens") or value(cfg, "data.max_response_length"),
-        temperature=float(temperature) if temperature else 1.0,
+        # (DPO compares the policy itself with the reference: its log-probs at temperature 1)
+        temperature=float(temperature) if temperature and not preference(cfg) else 1.0,
         total_steps=total_steps if total_steps is not None else value(cfg, "trainer.total_steps"),
         old_log_probs="recompute" if why else "update",
         old_log_probs_why=why or "",
@@ -339,6 +354,7 @@ def draft_plan(cfg: Any, total_steps: Optional[int] = None) -> Draft:
         max_staleness=int(value(cfg, "trainer.max_staleness") or 0),
         agent_loop=_agent_loop(value(cfg, "rollout.agent.loop")),
         agent_max_turns=int(value(cfg, "rollout.agent.max_turns") or 1),
+        trainer=preference(cfg) or "ppo",
     )
     plan = dataclasses.replace(plan, **_controller(cfg, plan))
     plan = dataclasses.replace(plan, **_threads(cfg, plan))
@@ -408,6 +424,8 @@ def on_policy_problem(cfg: DictConfig, batch: Optional[BatchPlan]) -> Optional[s
     """Why the actor's old log-probs need a pass of their own; None when its update is on-policy and the
     update's first forward (the policy the samples were scored under) can stand in for them."""
     actor = batch.train_of("actor") if batch is not None else None
+    if preference(cfg):
+        return None  # the DPO loss compares with the reference only: no old policy to keep
     if value(cfg, "actor.recompute_old_log_probs") == "always":
         return "actor.recompute_old_log_probs=always"
     if actor is None or actor.mini_batches is None:

@@ -21,6 +21,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 # Columns each kind of data file must have (the RL prompt column is data.prompt_key).
 RL_COLUMNS = ("data_source", "reward_model")
 SFT_COLUMNS = ("prompt", "response")
+PREFERENCE_COLUMNS = ("chosen", "rejected")  # beside the prompt column (algorithm.name=dpo)
 
 
 def _embedded(path: Any) -> bool:
@@ -121,7 +122,10 @@ def check_run(cfg: Any, roles: Sequence[str], strict: bool = True, reward_given:
     """Every problem with the files `cfg` names, and a missing reward unless `reward_given` (a function passed
     from Python); errors when `strict`, else warnings."""
     problems = []
-    if not reward_given and value(cfg, "reward.fn") is None and value(cfg, "reward.model") is None:
+    offline_dpo = value(cfg, "algorithm.name") == "dpo"
+    # (offline DPO scores nothing while it trains: a reward only measures its held-out prompts)
+    needs_reward = not offline_dpo or bool(_list(value(cfg, "data.val_files")))
+    if needs_reward and not reward_given and value(cfg, "reward.fn") is None and value(cfg, "reward.model") is None:
         fix = "set reward.fn (e.g. gsm8k, math_boxed, arithmetic, or {_target_: pkg.module.fn}) or reward.model"
         problems.append(error_at("reward.fn", "no reward is configured", fix))
     tokenizer = value(cfg, "model.tokenizer_path")
@@ -131,8 +135,9 @@ def check_run(cfg: Any, roles: Sequence[str], strict: bool = True, reward_given:
         problems += _model_folder("critic.model_path", value(cfg, "critic.model_path"), needs_tokenizer=False)
     prompt_key = value(cfg, "data.prompt_key") or "prompt"
     for section in ("train_files", "val_files"):
+        columns = PREFERENCE_COLUMNS if offline_dpo and section == "train_files" else RL_COLUMNS
         for i, path in enumerate(_list(value(cfg, f"data.{section}"))):
-            problems += _parquet(f"data.{section}[{i}]", path, (prompt_key, *RL_COLUMNS))
+            problems += _parquet(f"data.{section}[{i}]", path, (prompt_key, *columns))
     if value(cfg, "model.warm_start") is not None:
         for i, path in enumerate(_list(value(cfg, "model.warm_start.files"))):
             problems += _parquet(f"model.warm_start.files[{i}]", path, SFT_COLUMNS)

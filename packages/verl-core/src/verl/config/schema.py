@@ -211,7 +211,28 @@ class OverlongBufferConfig:
 
 
 @dataclass
+class DPOConfig:
+    """Preference optimisation (algorithm.name dpo / online_dpo) against the reference model."""
+
+    loss: str = "sigmoid"  # a DPO_LOSSES name (verl.algos.dpo): sigmoid (DPO, cDPO with label_smoothing) | ipo
+    beta: float = positive(0.1)  # strength of the pull towards the reference
+    label_smoothing: float = checked(
+        0.0, lambda e: 0 <= e < 0.5, "must be in [0, 0.5), got {v}", "set {key}=0.0 (or e.g. 0.1 for cDPO)"
+    )
+
+
+# What algorithm.name selects: the trainer (verl.trainer.registry) and the kind of update.
+ALGORITHMS = ("ppo", "grpo", "dpo", "online_dpo")
+PREFERENCE_ALGORITHMS = ("dpo", "online_dpo")
+
+
+@dataclass
 class AlgorithmConfig:
+    # ppo | grpo: policy gradient with algorithm.adv_estimator's advantages (PPOTrainer); dpo: preference pairs
+    # from data.train_files (DPOTrainer); online_dpo: rollout.n samples per prompt ranked by the reward, the best
+    # and the worst as a pair. None: policy gradient (as ppo/grpo)
+    name: Optional[str] = one_of(None, *ALGORITHMS)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
     # Registry names (verl.algos), or {_target_: pkg.module.fn, **kwargs}:
     adv_estimator: Any = "grpo"  # gae, grpo, drgrpo, rloo, reinforce_plus_plus(_baseline), remax, opo
     gamma: float = fraction(1.0)

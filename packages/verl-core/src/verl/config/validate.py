@@ -23,6 +23,7 @@ from verl.config.algorithm_checks import (
     check_group_size,
     check_kl_has_a_reference,
     check_policy_loss,
+    check_preference,
     check_registry_names,
     check_reward,
     check_values_have_a_critic,
@@ -591,6 +592,7 @@ CHECKS: Sequence[Check] = (
     check_kl_has_a_reference,
     check_dapo,
     check_reward,
+    check_preference,
     check_agent,
 )
 

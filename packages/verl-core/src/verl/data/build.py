@@ -8,6 +8,7 @@ from typing import Any
 
 from verl.config.instantiate import instantiate
 from verl.data.loader import DataLoader
+from verl.data.preference_dataset import PreferenceDataset, collate_preference
 from verl.data.rl_dataset import RLDataset, collate_rl
 from verl.data.sampler import ResumableSampler
 
@@ -41,11 +42,37 @@ def make_rl_dataloaders(
     collate = functools.partial(collate_rl, tokenizer=tokenizer, max_prompt_length=data.max_prompt_length)
     train = make_rl_dataset(data, data.train_files, tokenizer, cache_dir, tools)
     train_sampler = ResumableSampler(len(train), batch_size=data.train_batch_size, shuffle=data.shuffle, seed=seed)
-    train_loader = DataLoader(train, train_sampler, collate)
+    return DataLoader(train, train_sampler, collate), make_val_loader(
+        data, tokenizer, seed=seed, cache_dir=cache_dir, tools=tools
+    )
+
+
+def make_val_loader(
+    data: Any, tokenizer: Any, *, seed: int, cache_dir: str | os.PathLike | None = None, tools: Any = None
+) -> DataLoader | None:
+    """The held-out prompts of data.val_files (None when empty), in file order, the last partial batch kept."""
     if not data.val_files:
-        return train_loader, None
+        return None
+    collate = functools.partial(collate_rl, tokenizer=tokenizer, max_prompt_length=data.max_prompt_length)
     val = make_rl_dataset(data, data.val_files, tokenizer, cache_dir, tools)
     val_sampler = ResumableSampler(
         len(val), batch_size=data.val_batch_size or len(val), shuffle=False, seed=seed, drop_last=False
     )
-    return train_loader, DataLoader(val, val_sampler, collate)
+    return DataLoader(val, val_sampler, collate)
+
+
+def make_preference_loader(
+    data: Any, tokenizer: Any, *, seed: int, cache_dir: str | os.PathLike | None = None
+) -> DataLoader:
+    """DPO's train loader: data.train_batch_size (chosen, rejected) pairs of data.train_files per batch."""
+    pairs = PreferenceDataset(
+        data.train_files,
+        tokenizer,
+        max_prompt_length=data.max_prompt_length,
+        max_response_length=data.max_response_length,
+        prompt_key=data.prompt_key,
+        filter_overlong=data.filter_overlong_prompts,
+        cache_dir=cache_dir,
+    )
+    sampler = ResumableSampler(len(pairs), batch_size=data.train_batch_size, shuffle=data.shuffle, seed=seed)
+    return DataLoader(pairs, sampler, functools.partial(collate_preference, pad_id=tokenizer.pad_token_id))

@@ -1,7 +1,8 @@
 """The embedded arithmetic task ("12+7=" -> "19") as parquet files in verl's RL and SFT formats.
 
 RL rows have verl's public columns: data_source, prompt (chat messages), ability, reward_model
-({"style": "rule", "ground_truth": ...}) and extra_info. SFT rows have prompt and response. Whether an
+({"style": "rule", "ground_truth": ...}) and extra_info. SFT rows have prompt and response; preference rows
+prompt, chosen and rejected. Whether an
 operand pair belongs to the train or the val split depends only on a hash of the pair, so the splits are
 disjoint and stable whatever the number of rows asked for.
 """
@@ -139,6 +140,30 @@ def make_tool_sft_rows(
     return out
 
 
+NEAR_MISSES = (-10, -2, -1, 1, 2, 10)  # what a small model gets wrong: a carry or a last digit
+
+
+def make_preference_rows(
+    n: int, *, seed: int, split: str = "train", max_operand: int = 49, ops: Sequence[str] = ("+",)
+) -> list[dict[str, Any]]:
+    """`n` preference rows for DPO: the right answer is chosen over a near miss (off by 1, 2 or 10, >= 0)."""
+    rows = make_arithmetic_rows(n, seed=seed, split=split, max_operand=max_operand, ops=ops)
+    rng = np.random.default_rng(seed + 2)
+    out = []
+    for r in rows:
+        answer = int(r["reward_model"]["ground_truth"])
+        misses = [answer + d for d in NEAR_MISSES if answer + d >= 0]
+        out.append(
+            {
+                "prompt": r["prompt"],
+                "chosen": str(answer),
+                "rejected": str(misses[rng.integers(len(misses))]),
+                "extra_info": r["extra_info"],
+            }
+        )
+    return out
+
+
 @dataclass(frozen=True)
 class ArithmeticFile:
     """One cached parquet file of the task: which rows, how many, in which format."""
@@ -146,13 +171,18 @@ class ArithmeticFile:
     split: str
     n: int
     seed: int
-    kind: str = "rl"  # rl | sft | tools_sft
+    kind: str = "rl"  # rl | sft | tools_sft | preference
     max_operand: int = 49
     ops: tuple[str, ...] = ("+",)
     tool_share: float = 1.0  # tools_sft: the share of conversations that call the calculator
 
     def rows(self) -> list[dict[str, Any]]:
-        make = {"rl": make_arithmetic_rows, "sft": make_sft_rows, "tools_sft": make_tool_sft_rows}[self.kind]
+        make = {
+            "rl": make_arithmetic_rows,
+            "sft": make_sft_rows,
+            "tools_sft": make_tool_sft_rows,
+            "preference": make_preference_rows,
+        }[self.kind]
         extra = {"tool_share": self.tool_share} if self.kind == "tools_sft" else {}
         return make(self.n, seed=self.seed, split=self.split, max_operand=self.max_operand, ops=self.ops, **extra)
 
@@ -177,6 +207,8 @@ EMBEDDED_DATASETS: dict[str, ArithmeticFile] = {
     "arithmetic": ArithmeticFile(split="train", n=20000, seed=0),
     "arithmetic-val": ArithmeticFile(split="val", n=200, seed=0),
     "arithmetic-sft": ArithmeticFile(split="train", n=20000, seed=1, kind="sft"),
+    # DPO pairs: the right answer over a near miss
+    "arithmetic-pairs": ArithmeticFile(split="train", n=20000, seed=3, kind="preference"),
     # products of two numbers up to 49, which the tiny model cannot compute itself but a calculator can
     "arithmetic-products": ArithmeticFile(split="train", n=20000, seed=0, ops=("*",)),
     "arithmetic-products-val": ArithmeticFile(split="val", n=200, seed=0, ops=("*",)),

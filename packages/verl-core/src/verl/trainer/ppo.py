@@ -133,11 +133,10 @@ class PPOTrainer:
 
         tokenizer_path = cfg.model.tokenizer_path or self.model_path
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+        self.plan = plan  # (its total steps are known once the data is read, below)
         self.dp = plan.layout("rollout").dp  # validation pads its prompts to a multiple of this
         self.agents = self._agent_rollouts(plan) if cfg.rollout.agent.loop is not None else None
-        self.train_loader, self.val_loader = make_rl_dataloaders(
-            cfg.data, self.tokenizer, seed=cfg.trainer.seed, tools=self.agents and self.agents.runner.tool_schemas
-        )
+        self.train_loader, self.val_loader = self.make_loaders()
         total_steps = cfg.trainer.total_steps or len(self.train_loader) * cfg.trainer.total_epochs
         self.plan = plan = plan.with_total_steps(total_steps)
         self.reward = make_reward_manager(cfg.reward, self.tokenizer, reward_fn=reward_fn)
@@ -159,6 +158,11 @@ class PPOTrainer:
         # one_step_off with agent loops: the loops of the batch ahead run on this thread while the actor trains
         self.agent_thread = ThreadPoolExecutor(1, "agents") if self.agents and plan.mode == "one_step_off" else None
         self.val_history: List[Dict[str, float]] = []
+
+    def make_loaders(self) -> Tuple[Any, Any]:
+        """(train loader, val loader or None): the prompts of data.train_files and data.val_files."""
+        tools = self.agents and self.agents.runner.tool_schemas
+        return make_rl_dataloaders(self.cfg.data, self.tokenizer, seed=self.cfg.trainer.seed, tools=tools)
 
     def _async_rollouts(self) -> AsyncRollouts:
         """trainer.mode=async: the rollout service on every rank of the rollout's pool, fed ahead of training."""

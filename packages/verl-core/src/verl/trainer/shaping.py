@@ -39,3 +39,26 @@ def informative_groups(batch: DataProto, metric: str) -> Tuple[DataProto, int]:
 def first_groups(parts: List[DataProto], n: int, groups: int) -> DataProto:
     """The first `groups` groups of n adjacent samples from `parts`, concatenated."""
     return DataProto.concat(parts)[: groups * n]
+
+
+def best_and_worst(batch: DataProto, n: int, multiple: int = 1) -> Tuple[DataProto, dict]:
+    """Online DPO's pairs: in each group of n adjacent samples, the best-scored (chosen) then the worst-scored
+    (rejected) sample, first ones on ties; groups whose samples all score the same are dropped, and the last pairs
+    too until their number is a multiple of `multiple` (the data-parallel ranks take whole pairs each).
+    The pairs carry `is_chosen` (1, 0, ...); metrics: dpo/pairs, dpo/tied_groups, dpo/score_gap."""
+    if len(batch) % n:
+        raise ValueError(f"a batch of {len(batch)} samples does not hold whole groups of rollout.n={n}")
+    scores = batch.batch["token_level_scores"].sum(-1).view(-1, n)
+    best, worst = scores.argmax(-1), scores.argmin(-1)
+    informative = torch.nonzero(scores.max(-1).values > scores.min(-1).values).squeeze(-1)
+    kept = informative[: len(informative) - len(informative) % multiple]
+    rows = torch.stack([kept * n + best[kept], kept * n + worst[kept]], -1).reshape(-1)
+    pairs = batch[rows.tolist()]
+    pairs.batch["is_chosen"] = torch.tensor([1, 0] * len(kept), dtype=torch.long)
+    gap = (scores.max(-1).values - scores.min(-1).values)[kept]
+    metrics = {
+        "dpo/pairs": float(len(kept)),
+        "dpo/tied_groups": float(len(scores) - len(informative)),
+        "dpo/score_gap": float(gap.mean()) if len(kept) else 0.0,
+    }
+    return pairs, metrics

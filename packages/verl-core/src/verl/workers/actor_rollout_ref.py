@@ -19,7 +19,7 @@ from verl.controller.worker import free_port
 from verl.protocol import DataProto
 from verl.utils.memory import PhasePeaks
 from verl.workers.engines import rollout_engine, train_engine
-from verl.workers.losses import actor_loss_fn
+from verl.workers.losses import actor_loss_fn, preference_loss_fn
 from verl.workers.setup import setup_worker
 from verl.workers.weight_transfer import join_transfer_group, send_weights
 
@@ -151,15 +151,21 @@ class ActorRolloutRefWorker(Worker):
         return DataProto.from_dict(out)
 
     @register(Dispatch.DP_COMPUTE)
-    def update_actor(self, batch: DataProto, entropy: bool = True) -> Dict[str, float]:
-        """The actor's PPO update on this rank's rows, then the weight sync into the colocated rollout.
+    def update_actor(self, batch: DataProto, entropy: bool = True, loss: str = "policy") -> Dict[str, float]:
+        """The actor's update on this rank's rows, then the weight sync into the colocated rollout.
 
+        loss: "policy" (PPO's clipped objective and its KL / entropy terms, actor.*) or "preference" (the DPO
+        loss of algorithm.dpo on (chosen, rejected) row pairs; the batch holds whole pairs per rank).
         entropy: measure it (always done when actor.entropy_coeff is set: it is then part of the loss).
         Also reports the peak memory of this rank's phases since the last update (memory/<phase>_peak_gib: gen,
         log_probs, update, weight_sync; GPU: torch's allocated bytes, CPU: the process's resident set)."""
         if self.rollout is not None:  # the hybrid engine: no generation memory held while the actor trains
             self.rollout.sleep()
         a, actor = self.cfg.actor, self.plan.role("actor")
+        if loss == "preference":
+            loss_fn, entropy = preference_loss_fn(self.cfg.algorithm.dpo), False
+        else:
+            loss_fn = actor_loss_fn(a)
         with self.peaks("update"):
             metrics = run_minibatches(
                 self._need("actor"),
@@ -168,10 +174,11 @@ class ActorRolloutRefWorker(Worker):
                 epochs=actor.train.epochs,
                 micro_rows=actor.train.micro,
                 max_tokens=actor.train.max_tokens,
-                loss_fn=actor_loss_fn(a),
+                loss_fn=loss_fn,
                 temperature=self.plan.temperature,
-                entropy=entropy or bool(a.entropy_coeff),
-                entropy_grad=bool(a.entropy_coeff),  # fused kernels skip the entropy gradient when only logged
+                entropy=entropy or (loss == "policy" and bool(a.entropy_coeff)),
+                entropy_grad=loss == "policy"
+                and bool(a.entropy_coeff),  # fused kernels skip the entropy gradient when only logged
             )
         metrics = {k if k.startswith("rollout/") else f"actor/{k}": v for k, v in metrics.items()}
         if self.rollout is not None:

@@ -7,6 +7,7 @@ from typing import Dict, Tuple
 import torch
 
 from verl.algos import agg_loss, compute_policy_loss, compute_value_loss, kl_penalty, rollout_mismatch_metrics
+from verl.algos.dpo import dpo_loss
 from verl.engine import LossFn
 from verl.protocol import DataProto
 
@@ -56,6 +57,33 @@ def actor_loss_fn(actor_cfg) -> LossFn:
         return loss, metrics
 
     loss_fn.weight_by = weight_by(actor_cfg.loss_agg_mode)
+    return loss_fn
+
+
+def preference_loss_fn(dpo_cfg) -> LossFn:
+    """The DPO-family loss (algorithm.dpo) of each (chosen, rejected) row pair in the micro-batch: rows 2i and 2i+1,
+    their summed response log-probs against the reference's (`ref_seq_log_probs`)."""
+
+    def loss_fn(out: Dict[str, torch.Tensor], mb: DataProto) -> Tuple[torch.Tensor, Dict[str, float]]:
+        b = mb.batch
+        log_prob = out["log_probs"]
+        seq = (log_prob * b["response_mask"].to(log_prob)).sum(-1)
+        ref = b["ref_seq_log_probs"].to(seq.device)
+        if len(seq) % 2 or not bool(b["is_chosen"][0::2].all()) or bool(b["is_chosen"][1::2].any()):
+            raise ValueError("a DPO micro-batch must hold whole (chosen, rejected) pairs, chosen first")
+        loss, metrics = dpo_loss(
+            seq[0::2],
+            seq[1::2],
+            ref[0::2],
+            ref[1::2],
+            beta=dpo_cfg.beta,
+            kind=dpo_cfg.loss,
+            label_smoothing=dpo_cfg.label_smoothing,
+        )
+        metrics = {f"dpo/{k.replace('rewards/', 'reward_')}": _metric(v) for k, v in metrics.items()}
+        return loss, {"dpo_loss": _metric(loss), **metrics}
+
+    loss_fn.weight_by = "rows"  # a mean over pairs: micro-batches weigh their rows
     return loss_fn
 
 

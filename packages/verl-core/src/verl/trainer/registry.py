@@ -1,0 +1,43 @@
+"""Which trainer runs a config: algorithm.name -> the trainer class, and `RLTrainer`, which builds it.
+
+from verl import RLTrainer
+trainer = RLTrainer("recipes/dpo_tiny.yaml")   # a DPOTrainer; grpo_tiny.yaml gives a PPOTrainer
+summary = trainer.fit()
+trainer.close()
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Optional, Sequence
+
+from verl.config.plan import Plan
+
+# algorithm.name (the plan's `trainer`) -> "module:Class"; ppo and grpo differ only in the advantage estimator
+TRAINERS = {
+    "ppo": "verl.trainer.ppo:PPOTrainer",
+    "dpo": "verl.trainer.dpo:DPOTrainer",
+    "online_dpo": "verl.trainer.dpo:DPOTrainer",
+}
+
+
+def trainer_class(plan: Plan) -> type:
+    """The class that trains a run with this plan."""
+    module, name = TRAINERS[plan.trainer].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def RLTrainer(  # noqa: N802 (a class name to its users: it builds the trainer the config asks for)
+    config: Any,
+    reward_fn: Optional[Callable] = None,
+    *,
+    overrides: Sequence[str] = (),
+    plan: Optional[Plan] = None,
+) -> Any:
+    """The trainer algorithm.name selects (ppo / grpo: PPOTrainer; dpo / online_dpo: DPOTrainer), built from a
+    recipe path, a loaded config or a dict of sections, validated as `verl train` validates it."""
+    from verl.trainer.ppo import resolve_config
+
+    if plan is None:
+        config, plan = resolve_config(config, overrides, reward_given=reward_fn is not None)
+    return trainer_class(plan)(config, reward_fn, plan=plan)
