@@ -119,3 +119,31 @@ def test_dpo_on_a_tp2_megatron_actor_matches_fsdp(tmp_path):
     assert tp2[0]["actor/dpo_loss"] == pytest.approx(0.6931471805599453, abs=1e-6)  # log 2: policy = reference
     for key in ("actor/dpo_loss", "actor/grad_norm", "actor/dpo/reward_margins"):
         assert [m[key] for m in tp2] == pytest.approx([m[key] for m in fsdp], rel=1e-4, abs=1e-5), key
+
+
+def test_sft_on_a_tp2_megatron_actor_matches_fsdp(tmp_path):
+    """SFTTrainer's update and validation loss on a megatron actor at TP=2 (two Ray workers) equal FSDP's on one."""
+    import pandas as pd
+
+    from tests.support.run_configs import fit
+    from verl.embedded.arithmetic import make_sft_rows
+
+    train, val = str(tmp_path / "train.parquet"), str(tmp_path / "val.parquet")
+    pd.DataFrame(make_sft_rows(16, seed=0)).to_parquet(train)
+    pd.DataFrame(make_sft_rows(8, seed=0, split="val")).to_parquet(val)
+    common = (
+        f"data.train_files=[{train}]",
+        f"data.val_files=[{val}]",
+        "trainer.val_before_train=true",
+        "data.train_batch_size=8",
+        "actor.ppo_mini_batch_size=8",
+        "actor.optim.lr=1e-2",
+    )
+    _, fsdp = fit(tiny_config("sft_tiny", str(tmp_path / "fsdp"), *common))
+    megatron = ("actor.backend=megatron", "actor.parallel.tp=2", "placement.devices_per_node=2")
+    _, tp2 = fit(tiny_config("sft_tiny", str(tmp_path / "megatron"), *common, *megatron, "trainer.controller=ray"))
+    assert [m["step"] for m in tp2] == [0, 1, 2]
+    assert tp2[0]["val/loss"] == pytest.approx(fsdp[0]["val/loss"], abs=1e-5)
+    assert tp2[-1]["val/loss"] == pytest.approx(fsdp[-1]["val/loss"], rel=1e-4)
+    for key in ("actor/loss", "actor/grad_norm"):
+        assert [m[key] for m in tp2[1:]] == pytest.approx([m[key] for m in fsdp[1:]], rel=1e-4), key

@@ -23,6 +23,7 @@ except importlib.metadata.PackageNotFoundError:  # a source checkout that was no
 _PUBLIC = {
     "PPOTrainer": "verl.trainer.ppo",
     "DPOTrainer": "verl.trainer.dpo",
+    "SFTTrainer": "verl.trainer.sft_trainer",
     "RLTrainer": "verl.trainer.registry",
     "format_summary": "verl.trainer.ppo",
     "load_config": "verl.config.loader",

@@ -55,7 +55,9 @@ def _ratio(total: int, parts: int, per: Optional[int]) -> str:
 
 def _batch_lines(plan: Plan) -> List[str]:
     batch = plan.batch
-    if plan.trainer == "dpo":  # (the rollout only generates for validation)
+    if plan.trainer == "sft":
+        lines = [f"batch: {_count(batch.prompts, 'example')}/step"]
+    elif plan.trainer == "dpo":  # (the rollout only generates for validation)
         lines = [f"batch: {_count(batch.prompts, 'pair')} x 2 replies (chosen, rejected) = {batch.samples} rows/step"]
     else:
         lines = [
@@ -155,7 +157,9 @@ def _run_lines(plan: Plan) -> List[str]:
         f"lengths: prompts <= {plan.prompt_length} tokens, responses <= {plan.response_length} tokens; "
         f"log-probs at temperature {plan.temperature:g}"
     ]
-    if plan.trainer == "dpo":
+    if plan.trainer == "sft":
+        lines.append("trainer: sft: the token-mean negative log-likelihood of data.train_files' replies; val/loss")
+    elif plan.trainer == "dpo":
         lines.append("trainer: dpo: preference pairs from data.train_files, the loss against the reference (ref)")
     elif plan.trainer == "online_dpo":
         lines.append(

@@ -48,7 +48,7 @@ def check_group_size(ctx: Context) -> List[ConfigProblem]:
     """Estimators with a group baseline (they need the group index) learn nothing from groups of one."""
     if value(ctx.cfg, "rollout.n") != 1 or "index" not in estimator_inputs(ctx.cfg):
         return []
-    if value(ctx.cfg, "algorithm.name") in PREFERENCE_ALGORITHMS:  # (check_preference asks online DPO for n >= 2)
+    if value(ctx.cfg, "algorithm.name") not in (None, "ppo", "grpo"):  # (online DPO: check_preference asks n >= 2)
         return []
     return [
         warning_at(
@@ -223,6 +223,31 @@ def check_reward(ctx: Context) -> List[ConfigProblem]:
             problems.append(error_at("reward.model._target_", "does not name a class or function", "name a class"))
     except ConfigError as e:
         problems += e.problems
+    return problems
+
+
+def check_sft(ctx: Context) -> List[ConfigProblem]:
+    """SFT trains the actor alone, synchronously: no rollout, reference, critic or KL term."""
+    cfg = ctx.cfg
+    if value(cfg, "algorithm.name") != "sft":
+        return []
+    problems = []
+    if value(cfg, "trainer.mode") not in (None, "sync"):
+        problems.append(
+            error_at("trainer.mode", "algorithm.name=sft generates nothing to overlap", "set trainer.mode=sync")
+        )
+    for role in ("ref", "critic"):
+        if role in ctx.draft.roles:
+            problems.append(
+                error_at(
+                    f"{role}.enable",
+                    f"algorithm.name=sft trains the actor alone, not a {role}",
+                    f"set {role}.enable=false",
+                )
+            )
+    for key in ("actor.use_kl_loss", "algorithm.use_kl_in_reward", "rollout.agent.loop"):
+        if value(cfg, key):
+            problems.append(error_at(key, "algorithm.name=sft: the loss is the data's likelihood alone", "remove it"))
     return problems
 
 

@@ -44,6 +44,8 @@ def value(cfg: DictConfig, key: str) -> Any:
 
 def _switch(cfg: DictConfig, role: str) -> Tuple[bool, str]:
     """Whether a role runs and, when it does, a short reason for messages about it."""
+    if role == "rollout" and value(cfg, "algorithm.name") == "sft":
+        return False, "algorithm.name=sft generates nothing"
     if role in ("actor", "rollout"):
         return True, "always on"
     enable = value(cfg, f"{role}.enable")
@@ -68,7 +70,8 @@ def estimator_inputs(cfg: DictConfig) -> Tuple[str, ...]:
 
 
 def enabled_roles(cfg: Any) -> Tuple[str, ...]:
-    """The roles this run needs, in ROLES order: actor and rollout always, ref and critic on demand."""
+    """The roles this run needs, in ROLES order: actor always, rollout unless the run is SFT, ref and critic on
+    demand."""
     cfg = as_config(cfg)
     return tuple(r for r in ROLES if _switch(cfg, r)[0])
 

@@ -157,7 +157,7 @@ class Plan:
     agent_loop: Optional[str] = None
     agent_max_turns: int = 1
     # what trains: "ppo" (PPOTrainer: ppo, grpo and every advantage estimator), "dpo" or "online_dpo"
-    # (DPOTrainer); from algorithm.name (verl.trainer.registry maps it to the class)
+    # (DPOTrainer), "sft" (SFTTrainer); from algorithm.name (verl.trainer.registry maps it to the class)
     trainer: str = "ppo"
     controller: str = "ray"  # what runs the workers: trainer.controller, with auto resolved (_controller)
     controller_why: str = ""
@@ -292,6 +292,8 @@ def batch_plan(cfg: DictConfig, roles: Sequence[str], layouts: Sequence[Layout])
     pairs = preference(cfg)
     if pairs == "dpo":  # offline: each prompt's two rows are its chosen and rejected responses (rollout.n unused)
         n = 2
+    elif value(cfg, "algorithm.name") == "sft":  # one row per example
+        n = 1
     dps = {layout.role: layout.dp for layout in layouts}
     train = []
     for role in ("actor", "critic"):
@@ -354,7 +356,7 @@ def draft_plan(cfg: Any, total_steps: Optional[int] = None) -> Draft:
         max_staleness=int(value(cfg, "trainer.max_staleness") or 0),
         agent_loop=_agent_loop(value(cfg, "rollout.agent.loop")),
         agent_max_turns=int(value(cfg, "rollout.agent.max_turns") or 1),
-        trainer=preference(cfg) or "ppo",
+        trainer=preference(cfg) or ("sft" if value(cfg, "algorithm.name") == "sft" else "ppo"),
     )
     plan = dataclasses.replace(plan, **_controller(cfg, plan))
     plan = dataclasses.replace(plan, **_threads(cfg, plan))
@@ -424,8 +426,8 @@ def on_policy_problem(cfg: DictConfig, batch: Optional[BatchPlan]) -> Optional[s
     """Why the actor's old log-probs need a pass of their own; None when its update is on-policy and the
     update's first forward (the policy the samples were scored under) can stand in for them."""
     actor = batch.train_of("actor") if batch is not None else None
-    if preference(cfg):
-        return None  # the DPO loss compares with the reference only: no old policy to keep
+    if preference(cfg) or value(cfg, "algorithm.name") == "sft":
+        return None  # the DPO loss compares with the reference only, SFT's with the data: no old policy to keep
     if value(cfg, "actor.recompute_old_log_probs") == "always":
         return "actor.recompute_old_log_probs=always"
     if actor is None or actor.mini_batches is None:

@@ -57,8 +57,10 @@ def _tokenizer_folder(path: Any) -> List[ConfigProblem]:
     ]
 
 
-def _parquet(key: str, path: Any, columns: Sequence[str]) -> List[ConfigProblem]:
-    """A data file that exists, is parquet, has the columns and at least one row."""
+def _parquet(
+    key: str, path: Any, columns: Sequence[str], alternative: Optional[Sequence[str]] = None
+) -> List[ConfigProblem]:
+    """A data file that exists, is parquet, has the columns (or the `alternative` ones) and at least one row."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -74,6 +76,8 @@ def _parquet(key: str, path: Any, columns: Sequence[str]) -> List[ConfigProblem]
         return [error_at(key, f"'{path}' is not a readable parquet file ({e})", "convert it to parquet")]
     names = meta.schema.to_arrow_schema().names  # top-level columns (the parquet schema's names are its leaves)
     missing = [c for c in columns if c not in names]
+    if missing and alternative and all(c in names for c in alternative):
+        missing = []
     if missing:
         message = f"'{path}' lacks the column(s) {', '.join(missing)}; it has {', '.join(names)}"
         return [error_at(key, message, f"write it with the columns {', '.join(columns)}")]
@@ -122,9 +126,10 @@ def check_run(cfg: Any, roles: Sequence[str], strict: bool = True, reward_given:
     """Every problem with the files `cfg` names, and a missing reward unless `reward_given` (a function passed
     from Python); errors when `strict`, else warnings."""
     problems = []
-    offline_dpo = value(cfg, "algorithm.name") == "dpo"
-    # (offline DPO scores nothing while it trains: a reward only measures its held-out prompts)
-    needs_reward = not offline_dpo or bool(_list(value(cfg, "data.val_files")))
+    name = value(cfg, "algorithm.name")
+    offline_dpo, sft = name == "dpo", name == "sft"
+    # (offline DPO scores nothing while it trains: a reward only measures its held-out prompts; SFT none at all)
+    needs_reward = not sft and (not offline_dpo or bool(_list(value(cfg, "data.val_files"))))
     if needs_reward and not reward_given and value(cfg, "reward.fn") is None and value(cfg, "reward.model") is None:
         fix = "set reward.fn (e.g. gsm8k, math_boxed, arithmetic, or {_target_: pkg.module.fn}) or reward.model"
         problems.append(error_at("reward.fn", "no reward is configured", fix))
@@ -135,12 +140,14 @@ def check_run(cfg: Any, roles: Sequence[str], strict: bool = True, reward_given:
         problems += _model_folder("critic.model_path", value(cfg, "critic.model_path"), needs_tokenizer=False)
     prompt_key = value(cfg, "data.prompt_key") or "prompt"
     for section in ("train_files", "val_files"):
-        columns = PREFERENCE_COLUMNS if offline_dpo and section == "train_files" else RL_COLUMNS
+        columns = (prompt_key, *(PREFERENCE_COLUMNS if offline_dpo and section == "train_files" else RL_COLUMNS))
+        if sft:  # prompt and response, or whole conversations
+            columns = SFT_COLUMNS
         for i, path in enumerate(_list(value(cfg, f"data.{section}"))):
-            problems += _parquet(f"data.{section}[{i}]", path, (prompt_key, *columns))
+            problems += _parquet(f"data.{section}[{i}]", path, columns, alternative=("messages",) if sft else None)
     if value(cfg, "model.warm_start") is not None:
         for i, path in enumerate(_list(value(cfg, "model.warm_start.files"))):
-            problems += _parquet(f"model.warm_start.files[{i}]", path, SFT_COLUMNS)
+            problems += _parquet(f"model.warm_start.files[{i}]", path, SFT_COLUMNS, alternative=("messages",))
     problems += _resume(cfg)
     if not strict:
         problems = [ConfigProblem(p.key, p.message, p.fix, "warning", p.location) for p in problems]

@@ -222,7 +222,7 @@ class DPOConfig:
 
 
 # What algorithm.name selects: the trainer (verl.trainer.registry) and the kind of update.
-ALGORITHMS = ("ppo", "grpo", "dpo", "online_dpo")
+ALGORITHMS = ("ppo", "grpo", "dpo", "online_dpo", "sft")
 PREFERENCE_ALGORITHMS = ("dpo", "online_dpo")
 
 
@@ -230,7 +230,8 @@ PREFERENCE_ALGORITHMS = ("dpo", "online_dpo")
 class AlgorithmConfig:
     # ppo | grpo: policy gradient with algorithm.adv_estimator's advantages (PPOTrainer); dpo: preference pairs
     # from data.train_files (DPOTrainer); online_dpo: rollout.n samples per prompt ranked by the reward, the best
-    # and the worst as a pair. None: policy gradient (as ppo/grpo)
+    # and the worst as a pair; sft: supervised fine-tuning on data.train_files (SFTTrainer: no rollout, validation
+    # loss on data.val_files). None: policy gradient (as ppo/grpo)
     name: Optional[str] = one_of(None, *ALGORITHMS)
     dpo: DPOConfig = field(default_factory=DPOConfig)
     # Registry names (verl.algos), or {_target_: pkg.module.fn, **kwargs}:

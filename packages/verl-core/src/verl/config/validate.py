@@ -26,6 +26,7 @@ from verl.config.algorithm_checks import (
     check_preference,
     check_registry_names,
     check_reward,
+    check_sft,
     check_values_have_a_critic,
     plugin_problems,
 )
@@ -593,6 +594,7 @@ CHECKS: Sequence[Check] = (
     check_dapo,
     check_reward,
     check_preference,
+    check_sft,
     check_agent,
 )
 

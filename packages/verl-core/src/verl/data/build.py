@@ -11,6 +11,7 @@ from verl.data.loader import DataLoader
 from verl.data.preference_dataset import PreferenceDataset, collate_preference
 from verl.data.rl_dataset import RLDataset, collate_rl
 from verl.data.sampler import ResumableSampler
+from verl.data.sft_dataset import SFTDataset, collate_sft_batch
 
 
 def make_rl_dataset(
@@ -59,6 +60,37 @@ def make_val_loader(
         len(val), batch_size=data.val_batch_size or len(val), shuffle=False, seed=seed, drop_last=False
     )
     return DataLoader(val, val_sampler, collate)
+
+
+def make_sft_loader(
+    data: Any,
+    files: list[str],
+    tokenizer: Any,
+    *,
+    seed: int,
+    batch_size: int | None,
+    train: bool,
+    cache_dir: str | os.PathLike | None = None,
+) -> DataLoader:
+    """SFT examples of `files` (prompt/response or messages) in the engine's layout, up to data.max_prompt_length +
+    data.max_response_length tokens each. train: shuffled (data.shuffle), whole batches; else in file order, the
+    last partial batch kept, `batch_size` None for all at once."""
+    examples = SFTDataset(
+        list(files),
+        tokenizer,
+        max_length=data.max_prompt_length + data.max_response_length,
+        prompt_key=data.prompt_key,
+        filter_overlong=data.filter_overlong_prompts,
+        cache_dir=cache_dir,
+    )
+    sampler = ResumableSampler(
+        len(examples),
+        batch_size=batch_size or len(examples),
+        shuffle=train and data.shuffle,
+        seed=seed,
+        drop_last=train,
+    )
+    return DataLoader(examples, sampler, functools.partial(collate_sft_batch, pad_id=tokenizer.pad_token_id))
 
 
 def make_preference_loader(

@@ -18,6 +18,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from verl.data.rows import MESSAGES_FORMAT, check_messages, read_columns, render_prompts, warn_dropped
 from verl.embedded.arithmetic import resolve_data_files
+from verl.protocol import DataProto
 
 
 class SFTDataset:
@@ -140,3 +141,18 @@ def collate_sft(items: Sequence[dict[str, torch.Tensor]], pad_id: int) -> dict[s
     loss_mask = pad_sequence([item["loss_mask"] for item in items], batch_first=True)
     position_ids = (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
     return dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, loss_mask=loss_mask)
+
+
+def collate_sft_batch(items: Sequence[dict[str, torch.Tensor]], pad_id: int) -> DataProto:
+    """`collate_sft` in the engine's layout (`verl.engine`): every token after the first is a 'response' token,
+    predicted from the logits before it, and counted where the loss mask says so (`response_mask`)."""
+    batch = collate_sft(items, pad_id)
+    return DataProto.from_dict(
+        {
+            "input_ids": batch["input_ids"],
+            "attention_mask": batch["attention_mask"],
+            "position_ids": batch["position_ids"],
+            "responses": batch["input_ids"][:, 1:],
+            "response_mask": batch["loss_mask"][:, 1:],
+        }
+    )

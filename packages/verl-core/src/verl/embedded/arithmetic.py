@@ -207,6 +207,7 @@ EMBEDDED_DATASETS: dict[str, ArithmeticFile] = {
     "arithmetic": ArithmeticFile(split="train", n=20000, seed=0),
     "arithmetic-val": ArithmeticFile(split="val", n=200, seed=0),
     "arithmetic-sft": ArithmeticFile(split="train", n=20000, seed=1, kind="sft"),
+    "arithmetic-sft-val": ArithmeticFile(split="val", n=200, seed=1, kind="sft"),
     # DPO pairs: the right answer over a near miss
     "arithmetic-pairs": ArithmeticFile(split="train", n=20000, seed=3, kind="preference"),
     # products of two numbers up to 49, which the tiny model cannot compute itself but a calculator can

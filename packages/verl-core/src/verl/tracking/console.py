@@ -15,6 +15,9 @@ HEADLINE = (
     ("reward", ("reward/score/mean",)),
     ("kl", ("actor/kl", "actor/ppo_kl")),
     ("pg_loss", ("actor/pg_loss",)),
+    ("dpo_loss", ("actor/dpo_loss",)),
+    ("margin", ("actor/dpo/reward_margins",)),
+    ("loss", ("actor/loss",)),  # SFT
     ("tok/s", ("perf/tokens_per_s",)),
     ("step_s", ("timing/step_s",)),
 )

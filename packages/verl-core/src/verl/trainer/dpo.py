@@ -32,6 +32,10 @@ class DPOTrainer(PPOTrainer):
         print(trainer.fit())
     """
 
+    def scores(self) -> bool:
+        """Online DPO ranks its samples by the reward; offline DPO scores only held-out generations, if any."""
+        return self.cfg.algorithm.name == "online_dpo" or bool(self.cfg.data.val_files)
+
     def make_loaders(self) -> Tuple[Any, Any]:
         """dpo: (chosen, rejected) pairs of data.train_files; online_dpo: prompts, as PPO's. Held-out prompts of
         data.val_files either way (validation generates and scores, as PPO's)."""

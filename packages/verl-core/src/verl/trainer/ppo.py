@@ -134,12 +134,13 @@ class PPOTrainer:
         tokenizer_path = cfg.model.tokenizer_path or self.model_path
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
         self.plan = plan  # (its total steps are known once the data is read, below)
-        self.dp = plan.layout("rollout").dp  # validation pads its prompts to a multiple of this
+        # validation pads its prompts to a multiple of this (an SFT run has no rollout)
+        self.dp = plan.layout("rollout").dp if plan.has("rollout") else plan.train_dp
         self.agents = self._agent_rollouts(plan) if cfg.rollout.agent.loop is not None else None
         self.train_loader, self.val_loader = self.make_loaders()
         total_steps = cfg.trainer.total_steps or len(self.train_loader) * cfg.trainer.total_epochs
         self.plan = plan = plan.with_total_steps(total_steps)
-        self.reward = make_reward_manager(cfg.reward, self.tokenizer, reward_fn=reward_fn)
+        self.reward = make_reward_manager(cfg.reward, self.tokenizer, reward_fn=reward_fn) if self.scores() else None
         self.use_critic = plan.has("critic")
         self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl) if cfg.algorithm.use_kl_in_reward else None
         self.checkpoints = CheckpointManager(checkpoint_root(cfg), keep_last=cfg.checkpoint.keep_last)
@@ -158,6 +159,10 @@ class PPOTrainer:
         # one_step_off with agent loops: the loops of the batch ahead run on this thread while the actor trains
         self.agent_thread = ThreadPoolExecutor(1, "agents") if self.agents and plan.mode == "one_step_off" else None
         self.val_history: List[Dict[str, float]] = []
+
+    def scores(self) -> bool:
+        """Whether this run scores samples (and so needs a reward): every RL run does."""
+        return True
 
     def make_loaders(self) -> Tuple[Any, Any]:
         """(train loader, val loader or None): the prompts of data.train_files and data.val_files."""
@@ -608,7 +613,7 @@ class PPOTrainer:
         return self.fit()
 
     def summary(self, seconds: float, tokens_per_s: float, first_step_s: Optional[float] = None) -> Dict[str, Any]:
-        at = {v["step"]: v["val/accuracy"] for v in self.val_history}
+        at = {v["step"]: v["val/accuracy"] for v in self.val_history if "val/accuracy" in v}
         return {
             "steps": self.step,
             "seconds": seconds,
@@ -637,7 +642,12 @@ def format_summary(name: str, s: Dict[str, Any]) -> str:
     """The one line a run ends with."""
     before, after = s["val_accuracy_before"], s["val_accuracy_after"]
     acc = "no validation set"
-    if before is not None and after is not None:
+    if s.get("val_loss_after") is not None:  # SFT: the held-out loss
+        loss_before, loss_after = s.get("val_loss_before"), s["val_loss_after"]
+        acc = f"validation loss {loss_after:.4f} at the end"
+        if loss_before is not None:
+            acc = f"validation loss {loss_before:.4f} -> {loss_after:.4f} ({loss_after - loss_before:+.4f})"
+    elif before is not None and after is not None:
         acc = f"held-out greedy accuracy {100 * before:.1f}% -> {100 * after:.1f}% ({100 * (after - before):+.1f} pts)"
     elif after is not None:
         acc = f"held-out greedy accuracy {100 * after:.1f}% at the end"

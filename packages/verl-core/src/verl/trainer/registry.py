@@ -18,6 +18,7 @@ TRAINERS = {
     "ppo": "verl.trainer.ppo:PPOTrainer",
     "dpo": "verl.trainer.dpo:DPOTrainer",
     "online_dpo": "verl.trainer.dpo:DPOTrainer",
+    "sft": "verl.trainer.sft_trainer:SFTTrainer",
 }
 
 
@@ -34,8 +35,8 @@ def RLTrainer(  # noqa: N802 (a class name to its users: it builds the trainer t
     overrides: Sequence[str] = (),
     plan: Optional[Plan] = None,
 ) -> Any:
-    """The trainer algorithm.name selects (ppo / grpo: PPOTrainer; dpo / online_dpo: DPOTrainer), built from a
-    recipe path, a loaded config or a dict of sections, validated as `verl train` validates it."""
+    """The trainer algorithm.name selects (ppo / grpo: PPOTrainer; dpo / online_dpo: DPOTrainer; sft: SFTTrainer),
+    built from a recipe path, a loaded config or a dict of sections, validated as `verl train` validates it."""
     from verl.trainer.ppo import resolve_config
 
     if plan is None:

@@ -1,20 +1,22 @@
 """The model a run starts from: model.path, materialised if embedded, then SFT-warm-started if asked.
 
-A warm start is cached by its settings (base model, data, steps, optimiser), so a second run skips it.
+A warm start is an SFT run (`SFTTrainer`) on one device of the run's kind with the run's actor backend, cached
+by its settings (base model, data, steps, optimiser), so a second run skips it.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
+from verl.config.schema import VerlConfig
 from verl.embedded.arithmetic import resolve_data_files
 from verl.embedded.cache import cache_root, cached_dir, is_embedded, settings_hash
 from verl.embedded.models import resolve_model_path
-from verl.trainer.sft import SFTConfig, run_sft
 
 
 def prepare_model(cfg: Any) -> str:
@@ -30,26 +32,65 @@ def prepare_model(cfg: Any) -> str:
     final = cache_root() / "warm-start" / f"{Path(base).name}-sft-{settings_hash(settings)}"
 
     def write(folder: Path) -> None:
+        from verl.trainer.sft_trainer import SFTTrainer  # (the trainers import this module)
+        from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
+
         print(f"verl: SFT warm start of {cfg.model.path} ({ws.steps} steps) -> {final}", flush=True)
-        run_sft(
-            SFTConfig(
-                model_path=base,
-                tokenizer_path=cfg.model.tokenizer_path,
-                files=list(ws.files),
-                output_dir=str(folder),
-                steps=ws.steps,
-                batch_size=ws.batch_size,
-                max_length=ws.max_length,
-                backend=cfg.actor.backend,
-                device=cfg.placement.device,
-                # one device: in-process unless the run asked for Ray (then it is started already)
-                controller="ray" if cfg.trainer.controller == "ray" else "local",
-                seed=cfg.trainer.seed,
-                optim=OmegaConf.to_object(ws.optim),
-            )
-        )
+        with tempfile.TemporaryDirectory(prefix="run-", dir=folder.parent) as run_dir:
+            trainer = SFTTrainer(warm_start_config(cfg, base, run_dir))
+            try:
+                trainer.fit()
+                trainer.workers.actor_rollout.call(ActorRolloutRefWorker.export_hf, str(folder))
+            finally:
+                trainer.close()
 
     return str(cached_dir(final, write))
+
+
+def warm_start_config(cfg: Any, base: str, output_dir: str) -> DictConfig:
+    """The SFT run of model.warm_start: its files, steps, batch and optimiser, the run's actor backend, seed and
+    model settings, one device (in-process unless the run asked for Ray, which is then started already), no
+    checkpoints; its log every 50 steps on the console."""
+    ws = cfg.model.warm_start
+    run = {
+        "trainer": {
+            "total_steps": ws.steps,
+            "seed": cfg.trainer.seed,
+            "controller": "ray" if cfg.trainer.controller == "ray" else "local",
+            "output_dir": output_dir,
+            "resume": "disable",
+            "val_before_train": False,
+            "log_every": 50,
+        },
+        # SFTTrainer's examples hold up to max_prompt_length + max_response_length tokens: ws.max_length in all
+        "data": {
+            "train_files": list(ws.files),
+            "max_prompt_length": ws.max_length - 1,
+            "max_response_length": 1,
+            "train_batch_size": ws.batch_size,
+        },
+        "model": {
+            "path": base,
+            "tokenizer_path": cfg.model.tokenizer_path,
+            "dtype": cfg.model.dtype,
+            "override_config": OmegaConf.to_container(cfg.model.override_config),
+        },
+        "algorithm": {"name": "sft"},
+        "actor": {
+            "backend": cfg.actor.backend,
+            "ppo_mini_batch_size": ws.batch_size,
+            "ppo_micro_batch_size_per_device": ws.batch_size,
+            "optim": OmegaConf.to_container(ws.optim),
+        },
+        "placement": {
+            "devices_per_node": 1,
+            "device": cfg.placement.device,
+            "pools": [{"name": "warm_start", "roles": ["actor"]}],
+        },
+        "checkpoint": {"save_last": False},
+        "tracking": {"loggers": ["console"], "curves": False},
+    }
+    return OmegaConf.merge(OmegaConf.structured(VerlConfig), run)
 
 
 def _file_identity(name: str) -> list:

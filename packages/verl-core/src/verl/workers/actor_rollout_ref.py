@@ -19,7 +19,7 @@ from verl.controller.worker import free_port
 from verl.protocol import DataProto
 from verl.utils.memory import PhasePeaks
 from verl.workers.engines import rollout_engine, train_engine
-from verl.workers.losses import actor_loss_fn, preference_loss_fn
+from verl.workers.losses import actor_loss_fn, preference_loss_fn, sft_loss
 from verl.workers.setup import setup_worker
 from verl.workers.weight_transfer import join_transfer_group, send_weights
 
@@ -151,11 +151,19 @@ class ActorRolloutRefWorker(Worker):
         return DataProto.from_dict(out)
 
     @register(Dispatch.DP_COMPUTE)
+    def actor_log_probs(self, batch: DataProto) -> DataProto:
+        """The actor's per-token log-probs of `responses` at temperature 1 (SFT's validation loss)."""
+        with self.peaks("log_probs"):
+            out = self._need("actor").infer(batch, temperature=1.0, **pass_sizes(self.plan.role("actor")))
+        return DataProto.from_dict({"log_probs": out.batch["log_probs"]})
+
+    @register(Dispatch.DP_COMPUTE)
     def update_actor(self, batch: DataProto, entropy: bool = True, loss: str = "policy") -> Dict[str, float]:
         """The actor's update on this rank's rows, then the weight sync into the colocated rollout.
 
-        loss: "policy" (PPO's clipped objective and its KL / entropy terms, actor.*) or "preference" (the DPO
-        loss of algorithm.dpo on (chosen, rejected) row pairs; the batch holds whole pairs per rank).
+        loss: "policy" (PPO's clipped objective and its KL / entropy terms, actor.*), "preference" (the DPO
+        loss of algorithm.dpo on (chosen, rejected) row pairs; the batch holds whole pairs per rank) or "sft" (the
+        token-mean negative log-likelihood of the masked tokens).
         entropy: measure it (always done when actor.entropy_coeff is set: it is then part of the loss).
         Also reports the peak memory of this rank's phases since the last update (memory/<phase>_peak_gib: gen,
         log_probs, update, weight_sync; GPU: torch's allocated bytes, CPU: the process's resident set)."""
@@ -164,6 +172,8 @@ class ActorRolloutRefWorker(Worker):
         a, actor = self.cfg.actor, self.plan.role("actor")
         if loss == "preference":
             loss_fn, entropy = preference_loss_fn(self.cfg.algorithm.dpo), False
+        elif loss == "sft":
+            loss_fn, entropy = sft_loss, False
         else:
             loss_fn = actor_loss_fn(a)
         with self.peaks("update"):

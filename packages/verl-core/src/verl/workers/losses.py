@@ -60,6 +60,16 @@ def actor_loss_fn(actor_cfg) -> LossFn:
     return loss_fn
 
 
+def sft_loss(out: Dict[str, torch.Tensor], mb: DataProto) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """Supervised fine-tuning: the token-mean negative log-likelihood of the tokens the response mask marks."""
+    mask = mb.batch["response_mask"].to(out["log_probs"].dtype)
+    loss = -(out["log_probs"] * mask).sum() / mask.sum().clamp(min=1)
+    return loss, {"loss": _metric(loss)}
+
+
+sft_loss.weight_by = "tokens"  # a token mean: micro-batches weigh their tokens (engine_parts.Accumulator)
+
+
 def preference_loss_fn(dpo_cfg) -> LossFn:
     """The DPO-family loss (algorithm.dpo) of each (chosen, rejected) row pair in the micro-batch: rows 2i and 2i+1,
     their summed response log-probs against the reference's (`ref_seq_log_probs`)."""

@@ -1,0 +1,96 @@
+"""SFTTrainer: supervised fine-tuning as a run of its own (algorithm.name: sft). One step:
+
+examples of data.train_files -> the actor's update on the token-mean negative log-likelihood
+
+on the actor's workers in any layout either engine supports (FSDP over its ranks, megatron TP/PP/CP), with
+validation loss on data.val_files, checkpoints and exact resume, tracking and the run summary as every trainer
+has them (PPOTrainer's). No rollout, reference or reward: nothing is generated.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+from verl.data.build import make_sft_loader
+from verl.trainer.ppo import PPOTrainer, _mean_over_ranks, pad_to_multiple, tokens_in
+from verl.trainer.timer import StageTimer
+from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
+from verl.workers.columns import MODEL_INPUTS
+
+SFT_UPDATE = MODEL_INPUTS + ("response_mask",)
+
+
+class SFTTrainer(PPOTrainer):
+    """SFT on prompt/response (or multi-turn `messages`) parquet; `fit()`, checkpoints and `close()` as
+    PPOTrainer, with `val/loss` for validation.
+
+        trainer = SFTTrainer("recipes/sft_tiny.yaml")   # or verl.RLTrainer: picks the class from algorithm.name
+        print(trainer.fit())
+    """
+
+    def scores(self) -> bool:
+        return False  # (nothing is generated: no reward)
+
+    def make_loaders(self) -> Tuple[Any, Any]:
+        """Examples of data.train_files (data.train_batch_size a step) and of data.val_files (data.val_batch_size
+        at a time, all of them by default), each up to data.max_prompt_length + data.max_response_length tokens."""
+        d, seed = self.cfg.data, self.cfg.trainer.seed
+        train = make_sft_loader(d, d.train_files, self.tokenizer, seed=seed, batch_size=d.train_batch_size, train=True)
+        if not d.val_files:
+            return train, None
+        return train, make_sft_loader(
+            d, d.val_files, self.tokenizer, seed=seed, batch_size=d.val_batch_size, train=False
+        )
+
+    def train_step(self) -> Dict[str, float]:
+        timer = StageTimer()
+        self.workers.take_stats()
+        start = time.perf_counter()
+        batch = self.train_loader.next_batch()
+        with timer("update"):
+            per_rank = self.workers.actor_rollout.call(
+                ActorRolloutRefWorker.update_actor, batch.select(SFT_UPDATE, []), loss="sft"
+            )
+        metrics = _mean_over_ranks(per_rank)
+        step_s = time.perf_counter() - start
+        metrics.update(timer.metrics())
+        metrics.update(self.workers.take_stats())
+        metrics.update(
+            {
+                "sft/loss_tokens": float(batch.batch["response_mask"].sum()),
+                "timing/step_s": step_s,
+                "perf/tokens_per_s": tokens_in(batch) / step_s,
+            }
+        )
+        return metrics
+
+    def validate(self) -> Dict[str, float]:
+        """val/loss: the token-mean negative log-likelihood of data.val_files' loss tokens under the actor."""
+        if self.val_loader is None:
+            return {}
+        nll, tokens, rows = torch.zeros((), dtype=torch.float64), 0, 0
+        for batch in self.val_loader:
+            padded, pad = pad_to_multiple(batch, self.plan.train_dp)
+            out = self.workers.actor_rollout.call(
+                ActorRolloutRefWorker.actor_log_probs, padded.select(MODEL_INPUTS, [])
+            )
+            log_probs = out.batch["log_probs"][: len(batch)].double()
+            mask = batch.batch["response_mask"].double()
+            nll -= (log_probs * mask).sum()
+            tokens += int(mask.sum())
+            rows += len(batch)
+        metrics = {"val/loss": float(nll / max(tokens, 1)), "val/tokens": float(tokens), "val/n": float(rows)}
+        self.val_history.append({"step": self.step, **metrics})
+        return metrics
+
+    def summary(self, seconds: float, tokens_per_s: float, first_step_s: Optional[float] = None) -> Dict[str, Any]:
+        """PPOTrainer's, with the validation loss before and after (val_loss_before / val_loss_after)."""
+        at = {v["step"]: v["val/loss"] for v in self.val_history}
+        return {
+            **super().summary(seconds, tokens_per_s, first_step_s),
+            "val_loss_before": at.get(0),
+            "val_loss_after": at.get(self.step),
+        }
