@@ -228,6 +228,9 @@ CASES = [
     ("reward_module_missing", ["reward.fn._target_=no_such_mod.fn"], "reward.fn._target_", "no_such_mod"),
     ("reward_target_not_callable", ["reward.fn._target_=os.sep"], "reward.fn", "os.sep"),
     ("no_reward", ["reward.fn=null"], "reward.fn", "no reward is configured"),
+    ("reward_server_policy", ["reward.server={{on_timeout: wait}}"], "reward.server.on_timeout", "retry"),
+    ("reward_server_port", ["reward.server={{port: 70000}}"], "reward.server.port", "[0, 65535]"),
+    ("reward_server_timeout", ["reward.server={{timeout_s: 0}}"], "reward.server.timeout_s", "> 0"),
     ("unknown_estimator", ["algorithm.adv_estimator=grpoo"], "algorithm.adv_estimator", "did you mean 'grpo'"),
     (
         "estimator_not_callable",

@@ -64,3 +64,17 @@ def test_online_dpo_pairs_the_best_and_the_worst_of_each_group():
     assert pairs.batch["row"].tolist() == [2, 1, 7, 6] and metrics["dpo/pairs"] == 2.0
     with pytest.raises(ValueError, match="does not hold whole groups of rollout.n=5"):
         best_and_worst(batch, 5)
+
+
+def test_reward_server_skip_keeps_whole_scored_groups():
+    from verl.trainer.shaping import scored_groups
+
+    batch = _batch([2] * 8, [0.0] * 8, [str(i // 2) for i in range(8)])
+    batch.batch["row"] = torch.arange(8)
+    missing = np.array([0, 0, 0, 1, 0, 0, 0, 0], dtype=bool)  # group 1 lacks a score
+    kept, dropped = scored_groups(batch, missing, n=2)
+    assert kept.batch["row"].tolist() == [0, 1, 4, 5, 6, 7] and dropped == 1
+    kept, dropped = scored_groups(batch, missing, n=2, multiple=4)  # DP 4: two groups a share
+    assert kept.batch["row"].tolist() == [0, 1, 4, 5] and dropped == 2
+    with pytest.raises(RuntimeError, match="no prompt group of this batch was fully scored"):
+        scored_groups(batch, np.ones(8, dtype=bool), n=2)

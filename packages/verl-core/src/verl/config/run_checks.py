@@ -130,8 +130,9 @@ def check_run(cfg: Any, roles: Sequence[str], strict: bool = True, reward_given:
     offline_dpo, sft = name == "dpo", name == "sft"
     # (offline DPO scores nothing while it trains: a reward only measures its held-out prompts; SFT none at all)
     needs_reward = not sft and (not offline_dpo or bool(_list(value(cfg, "data.val_files"))))
-    if needs_reward and not reward_given and value(cfg, "reward.fn") is None and value(cfg, "reward.model") is None:
-        fix = "set reward.fn (e.g. gsm8k, math_boxed, arithmetic, or {_target_: pkg.module.fn}) or reward.model"
+    sources = [value(cfg, f"reward.{k}") for k in ("fn", "model", "server")]
+    if needs_reward and not reward_given and all(s is None for s in sources):
+        fix = "set reward.fn (e.g. gsm8k, math_boxed, arithmetic, or {_target_: pkg.module.fn}), reward.model or reward.server"
         problems.append(error_at("reward.fn", "no reward is configured", fix))
     tokenizer = value(cfg, "model.tokenizer_path")
     problems += _model_folder("model.path", value(cfg, "model.path"), needs_tokenizer=tokenizer is None)

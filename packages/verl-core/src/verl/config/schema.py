@@ -370,6 +370,28 @@ class CriticConfig:
 
 
 @dataclass
+class RewardServerConfig:
+    """An HTTP service through which people or other services score the run's samples (verl.api.RewardServer)."""
+
+    host: str = "127.0.0.1"  # loopback; 0.0.0.0 serves every interface
+    port: int = checked(
+        0, lambda p: 0 <= p <= 65535, "must be a port in [0, 65535] (0: any free port), got {v}", "set {key}=0"
+    )
+    # the bearer token clients send, read from this environment variable; unset: a random token, written with the
+    # server's URL to <trainer.output_dir>/reward_server.json (readable by the user only)
+    token_env: str = "VERL_REWARD_TOKEN"
+    store: Optional[str] = None  # where samples and accepted scores are kept; None: <trainer.output_dir>/reward_server
+    timeout_s: float = positive(600.0)  # how long a batch waits for its scores
+    # then: default (the missing score default_score), skip (drop the prompt groups with a missing score), retry
+    # (wait again, up to max_retries more times, then stop)
+    on_timeout: str = one_of("default", "default", "skip", "retry")
+    default_score: float = any_finite(0.0)
+    max_retries: int = at_least(3, 0)
+    max_body_kb: int = at_least(256, 1)  # larger requests are refused (413)
+    rate_per_s: float = positive(20.0)  # requests a second per client address (429 above)
+
+
+@dataclass
 class RewardConfig:
     fn: Any = None  # a registered reward function name, or {_target_: pkg.module.fn, **kwargs}
     # A sample whose reward function raises or returns no number: stop the run naming it (raise), or give it
@@ -377,6 +399,7 @@ class RewardConfig:
     on_error: str = one_of("raise", "raise", "score")
     error_score: float = any_finite(0.0)
     model: Optional[Dict[str, Any]] = None  # a reward model: {_target_: pkg.Model, **kwargs}
+    server: Optional[RewardServerConfig] = None  # scores from external clients over HTTP (added to the others)
     # [low, high] applied to scores; NaN/inf are counted and clamped
     clamp: Optional[List[float]] = checked(
         None,

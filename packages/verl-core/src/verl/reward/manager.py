@@ -72,12 +72,13 @@ class RewardManager:
         clamp: tuple[float, float] | None = None,
         reward_model: Any = None,
         sequence_fn: Any = None,
+        server: Any = None,
         num_workers: int = 0,
         on_error: str = "raise",
         error_score: float = 0.0,
     ):
-        if fn is None and reward_model is None and sequence_fn is None:
-            raise ValueError("RewardManager needs a reward function (fn), a sequence_fn or a reward_model, got none")
+        if fn is None and reward_model is None and sequence_fn is None and server is None:
+            raise ValueError("RewardManager needs a reward function (fn), a sequence_fn, a reward_model or a server")
         if fn is not None and tokenizer is None:
             raise ValueError("RewardManager needs a tokenizer to decode responses for the reward function")
         if reward_model is not None and not callable(getattr(reward_model, "forward", None)):
@@ -87,6 +88,8 @@ class RewardManager:
         self.clamp = _check_clamp(clamp)
         self.reward_model = reward_model
         self.sequence_fn = sequence_fn  # fn(input_ids, attention_mask) -> Tensor[B] on the whole rows
+        self.server = server  # verl.reward.server_scores.ServerScores: scores from the reward server's clients
+        self.last_missing = None  # with a server: the rows of the last call whose score did not arrive
         self.num_workers = num_workers
         if on_error not in ("raise", "score"):
             raise ValueError(f"on_error must be 'raise' or 'score', got {on_error!r}")
@@ -120,6 +123,13 @@ class RewardManager:
             scores += self._finite(
                 _per_sample(out, n, f"reward_fn {_describe(self.sequence_fn)}"), "reward_fn", replaced
             )
+        self.last_missing = None
+        if self.server is not None:  # scores posted by clients of the reward server (reward.server)
+            server_scores, self.last_missing, server_metrics = self.server(
+                _prompts(batch, self.tokenizer, n), self._texts(batch, responses, mask), sources
+            )
+            scores += self._finite(server_scores, "reward.server", replaced)
+            metrics.update(server_metrics)
         if self.reward_model is not None:
             model_scores = self._finite(self._model_scores(batch, responses), "reward.model", replaced)
             metrics["reward/model_score/mean"] = _mean(model_scores.tolist())
@@ -154,12 +164,7 @@ class RewardManager:
         """Each row's result; a row whose function raised or returned no number raises, or (on_error=score) scores
         error_score and is added to `failures`."""
         n = responses.shape[0]
-        if "response_text" in batch.non_tensor_batch:  # agent trajectories: the final model turn is the response
-            texts = [str(t) for t in batch.non_tensor_batch["response_text"]]
-        else:
-            texts = self.tokenizer.batch_decode(
-                [row[m].tolist() for row, m in zip(responses.cpu(), mask.bool().cpu())], skip_special_tokens=True
-            )
+        texts = self._texts(batch, responses, mask)
         agents = batch.non_tensor_batch.get("agent")  # and the whole episode (turns, tool calls) is extra["agent"]
         prompts = _prompts(batch, self.tokenizer, n)
         ground_truths = batch.non_tensor_batch.get("ground_truth")
@@ -198,6 +203,14 @@ class RewardManager:
             with ThreadPoolExecutor(max_workers=self.num_workers, thread_name_prefix="reward") as pool:
                 return list(pool.map(score, range(n)))
         return [score(i) for i in range(n)]
+
+    def _texts(self, batch: DataProto, responses: torch.Tensor, mask: torch.Tensor) -> list[str]:
+        """Each row's response as text."""
+        if "response_text" in batch.non_tensor_batch:  # agent trajectories: the final model turn is the response
+            return [str(t) for t in batch.non_tensor_batch["response_text"]]
+        return self.tokenizer.batch_decode(
+            [row[m].tolist() for row, m in zip(responses.cpu(), mask.bool().cpu())], skip_special_tokens=True
+        )
 
     # ------------------------------------------------------------------ the reward model
 
@@ -240,7 +253,9 @@ class RewardManager:
             logger.warning("%d more non-finite rewards in this batch were replaced", len(replaced) - _MAX_WARNINGS)
 
 
-def make_reward_manager(reward_cfg: Any, tokenizer: Any, reward_fn: Any = None, **kwargs: Any) -> RewardManager:
+def make_reward_manager(
+    reward_cfg: Any, tokenizer: Any, reward_fn: Any = None, server: Any = None, **kwargs: Any
+) -> RewardManager:
     """A RewardManager from the `reward` config section; `reward_fn` (name, mapping or callable) overrides `reward.fn`
     (a callable with parameters input_ids and attention_mask scores whole token rows, returning a Tensor[B]).
 
@@ -261,7 +276,7 @@ def make_reward_manager(reward_cfg: Any, tokenizer: Any, reward_fn: Any = None, 
             f"built a {type(model).__name__}, which has no forward()",
             "point _target_ at a class with forward(prompt_ids, response_ids) -> Tensor[B]",
         )
-    if fn is None and model is None and sequence_fn is None:
+    if fn is None and model is None and sequence_fn is None and server is None:
         raise _error(
             "reward.fn", "no reward is configured", "set reward.fn (e.g. gsm8k, math_boxed, arithmetic) or reward.model"
         )
@@ -274,7 +289,14 @@ def make_reward_manager(reward_cfg: Any, tokenizer: Any, reward_fn: Any = None, 
         "error_score": config_value(reward_cfg, "error_score", 0.0),
     }
     return RewardManager(
-        fn, tokenizer=tokenizer, clamp=clamp, reward_model=model, sequence_fn=sequence_fn, **errors, **kwargs
+        fn,
+        tokenizer=tokenizer,
+        clamp=clamp,
+        reward_model=model,
+        sequence_fn=sequence_fn,
+        server=server,
+        **errors,
+        **kwargs,
     )
 
 

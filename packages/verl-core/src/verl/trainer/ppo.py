@@ -37,6 +37,7 @@ from verl.controller import init_ray, shutdown_ray
 from verl.data.build import make_rl_dataloaders
 from verl.protocol import DataProto
 from verl.reward import make_reward_manager
+from verl.reward.server_scores import ServerScores, start_reward_server
 from verl.tracking import Progress, Tracker
 from verl.trainer.agent_rollouts import AgentRollouts
 from verl.trainer.async_agent_rollouts import AsyncAgentRollouts
@@ -46,7 +47,7 @@ from verl.trainer.checkpoint import CheckpointManager, checkpoint_root
 from verl.trainer.fingerprint import fingerprint
 from verl.trainer.rollout_batches import PendingRollout, batch_from_state, batch_state, rollout_metrics
 from verl.trainer.rollout_client import RolloutClient
-from verl.trainer.shaping import add_overlong_penalty, first_groups, informative_groups
+from verl.trainer.shaping import add_overlong_penalty, first_groups, informative_groups, scored_groups
 from verl.trainer.timer import StageTimer
 from verl.trainer.warm_start import prepare_model
 from verl.trainer.workers import start_workers
@@ -140,7 +141,17 @@ class PPOTrainer:
         self.train_loader, self.val_loader = self.make_loaders()
         total_steps = cfg.trainer.total_steps or len(self.train_loader) * cfg.trainer.total_epochs
         self.plan = plan = plan.with_total_steps(total_steps)
-        self.reward = make_reward_manager(cfg.reward, self.tokenizer, reward_fn=reward_fn) if self.scores() else None
+        self.reward_server = start_reward_server(cfg) if self.scores() and cfg.reward.server is not None else None
+        self.reward = (
+            make_reward_manager(
+                cfg.reward,
+                self.tokenizer,
+                reward_fn=reward_fn,
+                server=ServerScores(self.reward_server, cfg.reward.server) if self.reward_server else None,
+            )
+            if self.scores()
+            else None
+        )
         self.use_critic = plan.has("critic")
         self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl) if cfg.algorithm.use_kl_in_reward else None
         self.checkpoints = CheckpointManager(checkpoint_root(cfg), keep_last=cfg.checkpoint.keep_last)
@@ -433,6 +444,9 @@ class PPOTrainer:
         self.rollout_info.update(batch.meta_info.pop("agent_metrics", {}))
         with timer("reward"):
             metrics = self.score(batch)
+        if self.reward.last_missing is not None and self.cfg.reward.server.on_timeout == "skip":
+            batch, dropped = scored_groups(batch, self.reward.last_missing, self.cfg.rollout.n, self.plan.train_dp)
+            metrics["reward/server_dropped_groups"] = float(dropped)
         if self.cfg.algorithm.filter_groups.enable:
             with timer("gen"):
                 batch, sampling_metrics = self.dynamic_sampling(batch)
@@ -624,6 +638,8 @@ class PPOTrainer:
         }
 
     def close(self) -> None:
+        if self.reward_server is not None:
+            self.reward_server.close()
         if self.async_rollouts is not None:
             self.async_rollouts.close()
         if self.agent_thread is not None:

@@ -3,6 +3,7 @@ DAPO's soft overlong penalty and dynamic sampling (keep only prompt groups whose
 
 from __future__ import annotations
 
+import math
 from typing import Any, List, Tuple
 
 import numpy as np
@@ -62,3 +63,19 @@ def best_and_worst(batch: DataProto, n: int, multiple: int = 1) -> Tuple[DataPro
         "dpo/score_gap": float(gap.mean()) if len(kept) else 0.0,
     }
     return pairs, metrics
+
+
+def scored_groups(batch: DataProto, missing: Any, n: int, multiple: int = 1) -> Tuple[DataProto, int]:
+    """The prompt groups (n adjacent samples) whose every sample got its score (reward.server.on_timeout=skip), as
+    many as whole data-parallel shares allow (`multiple` rows); and how many groups were dropped."""
+    whole = ~np.asarray(missing, dtype=bool).reshape(-1, n).any(-1)
+    keep = np.nonzero(whole)[0]
+    per = multiple // math.gcd(multiple, n)  # groups that make a multiple of `multiple` rows
+    keep = keep[: len(keep) - len(keep) % per]
+    if len(keep) == 0:
+        raise RuntimeError(
+            "no prompt group of this batch was fully scored by the reward server within reward.server.timeout_s "
+            "(on_timeout=skip): are its clients running? Raise timeout_s, or use on_timeout=default"
+        )
+    rows = (keep[:, None] * n + np.arange(n)).reshape(-1)
+    return batch[rows], int(len(whole) - len(keep))

@@ -1,0 +1,272 @@
+"""RewardServer: an HTTP service through which people or other services score a run's samples.
+
+The trainer submits each sample (prompt and response text) and waits for its score; a client fetches pending
+samples and posts scores by sample id:
+
+    GET  /v1/pending?limit=N   -> {"samples": [{"id", "prompt", "response", "data_source"}, ...]}
+    POST /v1/scores            <- {"scores": [{"id": "...", "score": 0.5}, ...]}  -> {"accepted": n}
+    GET  /v1/health            -> {"pending": n, "scored": n}
+
+Every request carries `Authorization: Bearer <token>` (401 otherwise). A body over `max_body_bytes` is 413 and
+not read; a client over `rate_per_s` requests a second is 429; malformed JSON or fields are 400 and an unknown
+sample id 404, naming what is wrong; a second score for a sample is 409. A rejected request changes nothing: a
+batch of scores is checked whole before any is kept. An accepted score is appended to `<store>/scores.jsonl`
+and flushed to disk before the answer is sent, so a server killed after acknowledging loses no score: a new
+server on the same store serves every sample and score the old one had (samples are kept in
+`<store>/samples.jsonl` the same way). The server listens on loopback unless told otherwise.
+
+    python -m verl.api.reward_server --store DIR [--host H] [--port P]   (token from $VERL_REWARD_TOKEN)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import json
+import logging
+import math
+import os
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+from urllib.parse import parse_qs, urlparse
+
+logger = logging.getLogger(__name__)
+
+TOKEN_ENV = "VERL_REWARD_TOKEN"
+MAX_SCORES_PER_REQUEST = 1000
+
+
+class RequestError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def _append_synced(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
+    """Append JSON lines and flush them to disk before returning (what an acknowledgment promises)."""
+    with open(path, "a", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _read_lines(path: Path) -> List[Dict[str, Any]]:
+    """The JSON lines of a store file; a last line cut short by a crash mid-write is ignored."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            logger.warning("%s: ignored a line cut short (a crash while it was written)", path)
+    return rows
+
+
+class _RateLimit:
+    """A token bucket per client address: `rate` requests a second, bursts up to `rate`."""
+
+    def __init__(self, rate: float):
+        self.rate, self.buckets, self.lock = rate, {}, threading.Lock()
+
+    def allow(self, client: str) -> bool:
+        now = time.monotonic()
+        with self.lock:
+            tokens, last = self.buckets.get(client, (self.rate, now))
+            tokens = min(self.rate, tokens + (now - last) * self.rate)
+            if tokens < 1:
+                self.buckets[client] = (tokens, now)
+                return False
+            self.buckets[client] = (tokens - 1, now)
+            return True
+
+
+class RewardServer:
+    """Samples waiting for an external score, served over HTTP; scores persisted before they are acknowledged.
+
+    server = RewardServer("run/reward_server", token="...")   # starts listening (loopback, a free port)
+    ids = server.submit([{"prompt": "1+1=", "response": "2"}])
+    scores = server.wait(ids, timeout_s=60)                  # {id: score} of those scored in time
+    server.close()
+    """
+
+    def __init__(
+        self,
+        store: str | os.PathLike,
+        *,
+        token: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_body_bytes: int = 256 * 1024,
+        rate_per_s: float = 20.0,
+    ):
+        if not token:
+            raise ValueError(f"the reward server needs a bearer token (set ${TOKEN_ENV}, or pass token=...)")
+        self.store = Path(store)
+        self.store.mkdir(parents=True, exist_ok=True)
+        self.token, self.max_body_bytes = token, max_body_bytes
+        self.samples: Dict[str, Dict[str, Any]] = {row["id"]: row for row in _read_lines(self.store / "samples.jsonl")}
+        self.scores: Dict[str, float] = {row["id"]: row["score"] for row in _read_lines(self.store / "scores.jsonl")}
+        self.lock = threading.Condition()
+        self.rate = _RateLimit(rate_per_s)
+        self.httpd = ThreadingHTTPServer((host, port), self._handler())
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="reward-server", daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    # ---- the trainer's side ---------------------------------------------------------------------------
+    def submit(self, samples: Sequence[Mapping[str, Any]]) -> List[str]:
+        """Make samples (prompt, response, data_source: text) available to clients; returns their ids."""
+        rows = [
+            {
+                "id": uuid.uuid4().hex,
+                "prompt": str(s.get("prompt", "")),
+                "response": str(s.get("response", "")),
+                "data_source": str(s.get("data_source", "")),
+            }
+            for s in samples
+        ]
+        with self.lock:
+            _append_synced(self.store / "samples.jsonl", rows)
+            self.samples.update({row["id"]: row for row in rows})
+        return [row["id"] for row in rows]
+
+    def wait(self, ids: Sequence[str], timeout_s: float) -> Dict[str, float]:
+        """Scores of `ids` posted within `timeout_s` (all of them as soon as they are all in)."""
+        deadline = time.monotonic() + timeout_s
+        with self.lock:
+            while not all(i in self.scores for i in ids):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.lock.wait(left)
+            return {i: self.scores[i] for i in ids if i in self.scores}
+
+    def pending(self, limit: int) -> List[Dict[str, Any]]:
+        with self.lock:
+            waiting = (row for i, row in self.samples.items() if i not in self.scores)
+            return [row for _, row in zip(range(limit), waiting)]
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=5)
+
+    # ---- the clients' side ------------------------------------------------------------------------------
+    def accept(self, body: Any) -> int:
+        """Validate a POST /v1/scores body whole, persist its scores, then keep them; RequestError otherwise."""
+        if not isinstance(body, dict) or not isinstance(body.get("scores"), list) or not body["scores"]:
+            raise RequestError(
+                400, 'the body must be {"scores": [{"id": "...", "score": 0.5}, ...]} (a non-empty list)'
+            )
+        entries = body["scores"]
+        if len(entries) > MAX_SCORES_PER_REQUEST:
+            raise RequestError(413, f"at most {MAX_SCORES_PER_REQUEST} scores per request, got {len(entries)}")
+        rows, seen = [], set()
+        with self.lock:
+            for k, entry in enumerate(entries):
+                if not isinstance(entry, dict) or set(entry) - {"id", "score"} or not isinstance(entry.get("id"), str):
+                    raise RequestError(400, f'scores[{k}] must be {{"id": str, "score": number}}, got {entry!r:.200}')
+                score = entry.get("score")
+                if isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score):
+                    raise RequestError(400, f"scores[{k}].score must be a finite number, got {score!r:.100}")
+                sid = entry["id"]
+                if sid not in self.samples:
+                    raise RequestError(404, f"scores[{k}].id {sid!r:.100} is no sample of this server")
+                if sid in self.scores or sid in seen:
+                    raise RequestError(409, f"scores[{k}].id {sid!r:.100} is already scored")
+                seen.add(sid)
+                rows.append({"id": sid, "score": float(score), "time": time.time()})
+            _append_synced(self.store / "scores.jsonl", rows)  # on disk before the answer
+            self.scores.update({row["id"]: row["score"] for row in rows})
+            self.lock.notify_all()
+        for row in rows:
+            logger.info("reward server: accepted score %s for sample %s", row["score"], row["id"])
+        return len(rows)
+
+    def _handler(self) -> type:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:  # (the accepted scores are logged instead)
+                pass
+
+            def _send(self, status: int, payload: Dict[str, Any]) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _checked(self) -> None:
+                auth = self.headers.get("Authorization") or ""
+                if not hmac.compare_digest(auth.encode(), f"Bearer {server.token}".encode()):
+                    raise RequestError(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
+                if not server.rate.allow(self.client_address[0]):
+                    raise RequestError(429, "too many requests: slow down")
+
+            def _serve(self, method: str) -> None:
+                try:
+                    self._checked()
+                    url = urlparse(self.path)
+                    if method == "GET" and url.path == "/v1/pending":
+                        limit = parse_qs(url.query).get("limit", ["100"])[0]
+                        if not limit.isdigit() or not 1 <= int(limit) <= MAX_SCORES_PER_REQUEST:
+                            raise RequestError(400, f"limit must be an integer in [1, {MAX_SCORES_PER_REQUEST}]")
+                        self._send(200, {"samples": server.pending(int(limit))})
+                    elif method == "GET" and url.path == "/v1/health":
+                        with server.lock:
+                            self._send(
+                                200, {"pending": len(server.samples) - len(server.scores), "scored": len(server.scores)}
+                            )
+                    elif method == "POST" and url.path == "/v1/scores":
+                        size = self.headers.get("Content-Length")
+                        if size is None or not size.isdigit():
+                            raise RequestError(411, "a Content-Length header is required")
+                        if int(size) > server.max_body_bytes:
+                            self.close_connection = True  # (the body is not read)
+                            raise RequestError(413, f"the body is over {server.max_body_bytes} bytes")
+                        try:
+                            body = json.loads(self.rfile.read(int(size)) or b"null")
+                        except (ValueError, UnicodeDecodeError):
+                            raise RequestError(400, "the body is not JSON") from None
+                        self._send(200, {"accepted": server.accept(body)})
+                    else:
+                        raise RequestError(404, f"no such endpoint: {method} {url.path}")
+                except RequestError as e:
+                    self._send(e.status, {"error": e.message})
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's names)
+                self._serve("GET")
+
+            def do_POST(self) -> None:  # noqa: N802
+                self._serve("POST")
+
+        return Handler
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Serve a store until killed (a reward server of its own, e.g. next to an annotation tool)."""
+    parser = argparse.ArgumentParser(prog="python -m verl.api.reward_server")
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+    server = RewardServer(args.store, token=os.environ.get(TOKEN_ENV, ""), host=args.host, port=args.port)
+    print(f"reward server: {server.url} (store {server.store})", flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
