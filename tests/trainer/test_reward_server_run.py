@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from tests.support import reward_client  # noqa: F401 (run as a child process: imported so the file ships with the test)
 from tests.support.run_configs import fit, tiny_config
 
 pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
