@@ -77,3 +77,37 @@ def ray_three_cpus():
 def ray_four_cpus():
     """4 CPUs: a 2-rank actor pool and a 2-rank rollout pool."""
     yield from _ray_cluster(4)
+
+
+def build_reward_model(folder) -> str:
+    """A tiny random sequence-classification reward model whose tokenizer is not the policy's: its own character
+    vocabulary (other ids) and a chat template with role markup ("<user>1+1=<assistant>2")."""
+    import torch
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
+
+    from verl.embedded.tokenizer import CHARACTERS
+
+    vocab = {t: i for i, t in enumerate(("<pad>", "<eos>", "<unk>", *reversed(CHARACTERS + "<>_")))}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>", chat_template=template
+    )
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        num_labels=1,
+        pad_token_id=0,
+    )
+    model = LlamaForSequenceClassification(config)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)

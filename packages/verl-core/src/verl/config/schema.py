@@ -29,8 +29,8 @@ def one_of(default: Any, *choices: str) -> Any:
 
 def checked(default: Any, ok: Callable[[Any], bool], message: str, fix: str) -> Any:
     """A field whose value (when set) must pass `ok`; `message` and `fix` may name {key} and {v} (the value)."""
-    if isinstance(default, list):  # a mutable default needs a factory
-        return field(default_factory=lambda: list(default), metadata={"check": (ok, message, fix)})
+    if isinstance(default, (list, dict)):  # a mutable default needs a factory
+        return field(default_factory=lambda: type(default)(default), metadata={"check": (ok, message, fix)})
     return field(default=default, metadata={"check": (ok, message, fix)})
 
 
@@ -400,6 +400,14 @@ class RewardConfig:
     error_score: float = any_finite(0.0)
     model: Optional[Dict[str, Any]] = None  # a reward model: {_target_: pkg.Model, **kwargs}
     server: Optional[RewardServerConfig] = None  # scores from external clients over HTTP (added to the others)
+    # each source's weight in the sum of the configured sources (fn: reward.fn or a reward_fn passed in code,
+    # model, server); a source not named weighs 1
+    weights: Dict[str, float] = checked(
+        {},
+        lambda w: set(w) <= {"fn", "model", "server"},
+        "names sources fn, model and server only, got {v}",
+        "write e.g. {key}={{fn: 1.0, model: 0.5}}",
+    )
     # [low, high] applied to scores; NaN/inf are counted and clamped
     clamp: Optional[List[float]] = checked(
         None,

@@ -73,6 +73,7 @@ class RewardManager:
         reward_model: Any = None,
         sequence_fn: Any = None,
         server: Any = None,
+        weights: Mapping[str, float] | None = None,
         num_workers: int = 0,
         on_error: str = "raise",
         error_score: float = 0.0,
@@ -90,6 +91,7 @@ class RewardManager:
         self.sequence_fn = sequence_fn  # fn(input_ids, attention_mask) -> Tensor[B] on the whole rows
         self.server = server  # verl.reward.server_scores.ServerScores: scores from the reward server's clients
         self.last_missing = None  # with a server: the rows of the last call whose score did not arrive
+        self.weights = dict(weights or {})  # reward.weights: source -> weight in the sum (1 when not given)
         self.num_workers = num_workers
         if on_error not in ("raise", "score"):
             raise ValueError(f"on_error must be 'raise' or 'score', got {on_error!r}")
@@ -113,14 +115,14 @@ class RewardManager:
         if self.fn is not None:
             failures: list[RewardFunctionError] = []
             fn_results = self._fn_results(batch, responses, mask, sources, indices, failures)
-            scores += self._finite([r.score for r in fn_results], "reward.fn", replaced)
+            scores += self.weight("fn") * self._finite([r.score for r in fn_results], "reward.fn", replaced)
             metrics["reward/fn_errors"] = float(len(failures))
             for failure in failures[:_MAX_WARNINGS]:
                 logger.warning("%s\n  scored %s (reward.on_error=score)", failure, self.error_score)
         if self.sequence_fn is not None:
             with torch.no_grad():
                 out = self.sequence_fn(_tensor(batch, "input_ids"), _tensor(batch, "attention_mask"))
-            scores += self._finite(
+            scores += self.weight("fn") * self._finite(
                 _per_sample(out, n, f"reward_fn {_describe(self.sequence_fn)}"), "reward_fn", replaced
             )
         self.last_missing = None
@@ -128,12 +130,12 @@ class RewardManager:
             server_scores, self.last_missing, server_metrics = self.server(
                 _prompts(batch, self.tokenizer, n), self._texts(batch, responses, mask), sources
             )
-            scores += self._finite(server_scores, "reward.server", replaced)
+            scores += self.weight("server") * self._finite(server_scores, "reward.server", replaced)
             metrics.update(server_metrics)
         if self.reward_model is not None:
-            model_scores = self._finite(self._model_scores(batch, responses), "reward.model", replaced)
+            model_scores = self._finite(self._model_scores(batch, responses, mask), "reward.model", replaced)
             metrics["reward/model_score/mean"] = _mean(model_scores.tolist())
-            scores += model_scores
+            scores += self.weight("model") * model_scores
         if self.clamp is not None:
             scores = scores.clamp(*self.clamp)
         self._warn_nonfinite(replaced, batch, sources, indices)
@@ -149,6 +151,10 @@ class RewardManager:
         metrics["reward/empty_responses"] = float(n - int(is_last.sum()))
         metrics["reward/nonfinite_count"] = float(len(replaced))
         return token_level_scores, metrics
+
+    def weight(self, source: str) -> float:
+        """A source's weight in the sum of scores: reward.weights[source], else 1."""
+        return float(self.weights.get(source, 1.0))
 
     # ------------------------------------------------------------------ the reward function
 
@@ -214,9 +220,16 @@ class RewardManager:
 
     # ------------------------------------------------------------------ the reward model
 
-    def _model_scores(self, batch: DataProto, responses: torch.Tensor) -> torch.Tensor:
-        prompts = _tensor(batch, "prompts")
+    def _model_scores(self, batch: DataProto, responses: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         model = self.reward_model
+        if callable(getattr(model, "score_texts", None)):  # a model with a tokenizer of its own: texts, re-rendered
+            n = responses.shape[0]
+            conversations = batch.non_tensor_batch.get("messages")
+            if conversations is None:  # (a batch from a dataset without the conversation: its prompt as one turn)
+                conversations = [[{"role": "user", "content": p}] for p in _prompts(batch, self.tokenizer, n)]
+            out = model.score_texts([list(c) for c in conversations], self._texts(batch, responses, mask))
+            return _per_sample(out, n, "reward.model score_texts")
+        prompts = _tensor(batch, "prompts")
         with torch.no_grad():
             # nn.Module.__call__ runs the module's hooks (FSDP gathers its parameters in one).
             out = model(prompts, responses) if isinstance(model, torch.nn.Module) else model.forward(prompts, responses)
@@ -295,6 +308,7 @@ def make_reward_manager(
         reward_model=model,
         sequence_fn=sequence_fn,
         server=server,
+        weights=config_value(reward_cfg, "weights"),
         **errors,
         **kwargs,
     )

@@ -1,5 +1,5 @@
-"""A GRPO run scored by a client of its reward server (reward.server), the client a process of its own; and a run
-whose scores do not come, under on_timeout=default."""
+"""Reward sources in a run: a client of the run's reward server (reward.server), a process of its own; scores that
+do not come (on_timeout=default); a sequence-classification reward model with a tokenizer of its own."""
 
 from __future__ import annotations
 
@@ -56,3 +56,22 @@ def test_scores_that_do_not_come_are_the_default_score(tmp_path):
     )
     _, metrics = fit(cfg)
     assert metrics[0]["reward/server_missing"] == 8 and metrics[0]["reward/score/mean"] == 0.5
+
+
+def test_a_reward_model_with_its_own_tokenizer_scores_a_grpo_run(tmp_path):
+    from tests.support.fixtures import build_reward_model
+
+    rm = build_reward_model(tmp_path / "rm")
+    cfg = tiny_config(
+        "grpo_tiny",
+        str(tmp_path / "run"),
+        "trainer.controller=local",
+        "rollout.n=4",
+        "reward.fn=null",
+        f"reward.model={{_target_: verl.reward.hf_model.HFRewardModel, path: {rm}, batch_size: 8}}",
+    )
+    _, metrics = fit(cfg)
+    for m in metrics:
+        assert m["reward/score/mean"] == pytest.approx(m["reward/model_score/mean"], abs=1e-6)
+        assert m["reward/score/max"] > m["reward/score/min"]  # the model tells the samples apart
+        assert m["actor/pg_loss"] != 0 or m["actor/grad_norm"] > 0
