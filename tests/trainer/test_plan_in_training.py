@@ -197,3 +197,31 @@ def test_the_documented_entry_points_run_as_documented(tmp_path):
     with open(os.path.join(str(tmp_path), "logs", "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f]
     assert all(0.0 <= r["reward/score/mean"] <= 1.0 for r in rows) and any(r["reward/score/mean"] > 0 for r in rows)
+
+
+def test_rl_trainer_picks_the_trainer_and_profile_writes_a_trace_of_its_steps(tmp_path):
+    """verl.RLTrainer as documented: the class algorithm.name selects; .train() runs it; trainer.profile traces
+    the steps of its range (the driver's stages, Chrome trace format)."""
+    import json
+
+    from verl import DPOTrainer, PPOTrainer, RLTrainer, SFTTrainer
+
+    sft = tiny_config(
+        "sft_tiny", str(tmp_path / "sft"), "actor.ppo_mini_batch_size=4", "trainer.profile={steps: [2, 3]}", steps=3
+    )
+    trainer = RLTrainer(sft)
+    try:
+        assert type(trainer) is SFTTrainer
+        assert trainer.train()["steps"] == 3
+    finally:
+        trainer.close()
+    trace = json.load(open(tmp_path / "sft" / "profile" / "stages.json"))["traceEvents"]
+    spans = [(e["name"], e["args"]["step"]) for e in trace if e["ph"] == "X"]
+    assert spans == [("step 2", 2), ("update", 2), ("step 3", 3), ("update", 3)]
+    assert all(e["dur"] > 0 for e in trace if e["ph"] == "X")
+    for recipe, cls in (("dpo_tiny", DPOTrainer), ("grpo_tiny", PPOTrainer)):
+        trainer = RLTrainer(tiny_config(recipe, str(tmp_path / recipe), "trainer.controller=local"))
+        try:
+            assert type(trainer) is cls
+        finally:
+            trainer.close()

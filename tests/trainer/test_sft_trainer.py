@@ -3,6 +3,7 @@ workers trains as one, and an exact resume."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pandas as pd
@@ -72,7 +73,10 @@ def test_sft_on_two_fsdp_workers_trains_as_one(tmp_path, ray_two_cpus):  # noqa:
     data = _examples(tmp_path / "train.parquet", 32)
     common = (f"data.train_files=[{data}]", "checkpoint.save_hf=true", "actor.optim.lr=1e-2")
     fit(_sft(tmp_path / "one", *common))
-    fit(_sft(tmp_path / "two", *common, "placement.devices_per_node=2", "trainer.controller=ray"))
+    two_workers = ("placement.devices_per_node=2", "trainer.controller=ray", "trainer.profile={steps: [1, 2]}")
+    fit(_sft(tmp_path / "two", *common, *two_workers))
+    timeline = json.load(open(tmp_path / "two" / "profile" / "ray_timeline.json"))  # Ray's, of both workers
+    assert any("update_actor" in e.get("name", "") for e in timeline)
     one = load_file(os.path.join(tmp_path, "one", "hf", "model.safetensors"))
     two = load_file(os.path.join(tmp_path, "two", "hf", "model.safetensors"))
     for k in one:

@@ -115,7 +115,7 @@ class EchoWorker(Worker):
             "pg": ctx.get_placement_group_id(),
             "rank": self.rank,
             "local_rank": self.local_rank,
-            "env": {k: os.environ.get(k) for k in ("LOCAL_WORLD_SIZE", "VERL_DEVICE", "RUN_TAG")},
+            "env": {k: os.environ.get(k) for k in ("LOCAL_WORLD_SIZE", "VERL_DEVICE", "RUN_TAG", "RAY_DEBUG")},
         }
 
 
@@ -325,6 +325,12 @@ def test_colocated_groups_share_each_bundle(group, pool):
         assert a[0]["env"]["RUN_TAG"] == "t1" and b[0]["env"]["RUN_TAG"] is None and a[0]["env"]["VERL_DEVICE"] == "cpu"
         # both groups now hold all of every bundle: rank r of each group sits in bundle r
         assert free_bundle_cpus(pg_id, [0.0, 0.0]) == [0.0, 0.0]
+
+
+def test_the_distributed_debuggers_switches_reach_the_workers(pool, monkeypatch):
+    monkeypatch.setenv("RAY_DEBUG", "1")  # Ray's distributed debugger: breakpoint() in a worker waits for it
+    with ray_group(pool, EchoWorker, "debugged", role="debugged", resource_fraction=0.5) as g:
+        assert [p["env"]["RAY_DEBUG"] for p in g.call(EchoWorker.placement)] == ["1", "1"]
 
 
 def test_a_pool_that_does_not_fit_says_what_the_cluster_has(cluster):

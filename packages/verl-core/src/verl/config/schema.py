@@ -465,6 +465,19 @@ class CheckpointConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """A trace of steps first..last (inclusive): the driver's stages per step, and Ray's timeline under Ray."""
+
+    steps: List[int] = checked(
+        [],
+        lambda s: len(s) == 2 and 1 <= s[0] <= s[1],
+        "must be [first, last] with 1 <= first <= last, got {v}",
+        "set {key}=[2,3]",
+    )
+    dir: Optional[str] = None  # None: <trainer.output_dir>/profile
+
+
+@dataclass
 class TrainerConfig:
     total_steps: Optional[int] = at_least(None, 1)  # None: total_epochs over the training data
     total_epochs: int = at_least(1, 1)
@@ -490,6 +503,7 @@ class TrainerConfig:
     mode: str = one_of("sync", "sync", "one_step_off", "async")
     # async: a sample trains on a policy at most this many updates newer than the oldest that sampled its tokens
     max_staleness: int = at_least(1, 0)
+    profile: Optional[ProfileConfig] = None  # a trace of a range of steps (verl.trainer.profile)
 
 
 @dataclass

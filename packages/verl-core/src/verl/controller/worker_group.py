@@ -43,8 +43,10 @@ FAILURE_GRACE_S = 3.0
 
 # Set by the group on every rank; a group's `env` may not override them.
 RESERVED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", DEVICE_ENV)
-# Passed from the driver's environment to the workers when set there.
-PASSED_ENV = ("RAY_AUTH_MODE",)
+# Passed from the driver's environment to the workers when set there: Ray's token mode, and its distributed
+# debugger (RAY_DEBUG=1: a `breakpoint()` in a worker waits for the debugger to attach; RAY_DEBUG_POST_MORTEM=1:
+# a worker's exception stops there), and VERL_DEBUG (full tracebacks).
+PASSED_ENV = ("RAY_AUTH_MODE", "RAY_DEBUG", "RAY_DEBUG_POST_MORTEM", "VERL_DEBUG")
 
 
 class Executor(Protocol):

@@ -23,6 +23,9 @@ FREE = (
     "trainer.controller",
     "trainer.output_dir",
     "trainer.plugins",
+    "trainer.profile",
+    "trainer.profile.",
+    "reward.server.",  # where scores come from, not what they are
     "tracking.",
     "checkpoint.",
     "placement.",

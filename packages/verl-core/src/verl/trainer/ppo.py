@@ -45,6 +45,7 @@ from verl.trainer.async_rollouts import AsyncRollouts
 from verl.trainer.balance import balance_batch
 from verl.trainer.checkpoint import CheckpointManager, checkpoint_root
 from verl.trainer.fingerprint import fingerprint
+from verl.trainer.profile import StepProfiler
 from verl.trainer.rollout_batches import PendingRollout, batch_from_state, batch_state, rollout_metrics
 from verl.trainer.rollout_client import RolloutClient
 from verl.trainer.shaping import add_overlong_penalty, first_groups, informative_groups, scored_groups
@@ -170,6 +171,7 @@ class PPOTrainer:
         # one_step_off with agent loops: the loops of the batch ahead run on this thread while the actor trains
         self.agent_thread = ThreadPoolExecutor(1, "agents") if self.agents and plan.mode == "one_step_off" else None
         self.val_history: List[Dict[str, float]] = []
+        self.profiler = StepProfiler(cfg.trainer.profile, self.output_dir, plan.controller)
 
     def scores(self) -> bool:
         """Whether this run scores samples (and so needs a reward): every RL run does."""
@@ -598,7 +600,8 @@ class PPOTrainer:
         progress = Progress(total)
         try:
             while self.step < total:
-                metrics = self.train_step()
+                with self.profiler.step(self.step + 1):
+                    metrics = self.train_step()
                 self.step += 1
                 if first_step_s is None:  # start-up included: imports, Ray, workers, model loading
                     first_step_s = seconds_since_start()

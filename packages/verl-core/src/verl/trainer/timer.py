@@ -1,10 +1,15 @@
-"""Wall-clock timing of the stages of a step, reported as timing/<stage>_s."""
+"""Wall-clock timing of the stages of a step, reported as timing/<stage>_s; and, while a `trace` is open, each
+stage's span (trainer.profile writes them as a trace)."""
 
 from __future__ import annotations
 
 import contextlib
 import time
-from typing import Dict, Iterator
+from typing import Dict, Iterator, List, Optional, Tuple
+
+Span = Tuple[str, float, float]  # (stage, start, end) in time.perf_counter() seconds
+
+_spans: Optional[List[Span]] = None  # where the stages go while a trace is open
 
 
 class StageTimer:
@@ -17,7 +22,22 @@ class StageTimer:
         try:
             yield
         finally:
-            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
+            end = time.perf_counter()
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + end - start
+            if _spans is not None:
+                _spans.append((stage, start, end))
 
     def metrics(self) -> Dict[str, float]:
         return {f"timing/{k}_s": v for k, v in self.seconds.items()}
+
+
+@contextlib.contextmanager
+def trace() -> Iterator[List[Span]]:
+    """Every StageTimer's stage spans while the block runs, in the list this yields."""
+    global _spans
+    spans: List[Span] = []
+    saved, _spans = _spans, spans
+    try:
+        yield spans
+    finally:
+        _spans = saved
