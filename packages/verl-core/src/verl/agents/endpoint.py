@@ -17,19 +17,19 @@ missing or wrong token is 401, an unknown session 404, bad JSON or fields 400, e
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import re
 import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any, Dict, List, Optional, Tuple
 
 from verl.agents.parsers import Parser
 from verl.agents.render import InsertRenderer
 from verl.agents.trajectory import Trajectory
+from verl.utils.http import JSONHandler
 
 
 class HTTPError(Exception):
@@ -270,23 +270,11 @@ def _checked(body: Any) -> Tuple[List[Dict[str, Any]], Optional[List[Dict[str, A
 
 
 def _handler(endpoint: ChatEndpoint) -> type:
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JSONHandler):
         protocol_version = "HTTP/1.1"
 
-        def log_message(self, *args: Any) -> None:  # (the trainer's logs, not one line per request)
-            pass
-
-        def _send(self, status: int, payload: Dict[str, Any]) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
         def _session(self, suffix: str) -> _Session:
-            auth = self.headers.get("Authorization", "")
-            if not hmac.compare_digest(auth.encode(), f"Bearer {endpoint.token}".encode()):
+            if not self.has_bearer(endpoint.token):
                 raise HTTPError(401, "a valid API key (Authorization: Bearer ...) is required", "authentication_error")
             parts = self.path.split("?")[0].strip("/").split("/")
             if len(parts) < 3 or parts[0] != "s" or "/".join(parts[2:]) != suffix:
@@ -299,12 +287,12 @@ def _handler(endpoint: ChatEndpoint) -> type:
         def _handle(self, suffix: str, work) -> None:
             try:
                 session = self._session(suffix)
-                self._send(200, work(session))
+                self.send_json(200, work(session))
             except HTTPError as e:
                 self.close_connection = True  # (a body it did not read must not be taken for the next request)
-                self._send(e.status, {"error": {"message": e.message, "type": e.kind, "code": e.status}})
+                self.send_json(e.status, {"error": {"message": e.message, "type": e.kind, "code": e.status}})
             except Exception as e:  # the engine or the loop failed: the agent sees a 500, the runner the error
-                self._send(500, {"error": {"message": f"{type(e).__name__}: {e}", "type": "server_error"}})
+                self.send_json(500, {"error": {"message": f"{type(e).__name__}: {e}", "type": "server_error"}})
 
         def do_GET(self) -> None:
             self._handle("v1/models", lambda s: {"object": "list", "data": [{"id": endpoint.model, "object": "model"}]})

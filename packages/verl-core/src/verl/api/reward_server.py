@@ -21,7 +21,6 @@ server on the same store serves every sample and score the old one had (samples 
 from __future__ import annotations
 
 import argparse
-import hmac
 import json
 import logging
 import math
@@ -29,10 +28,12 @@ import os
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 from urllib.parse import parse_qs, urlparse
+
+from verl.utils.http import JSONHandler
 
 logger = logging.getLogger(__name__)
 
@@ -197,21 +198,9 @@ class RewardServer:
     def _handler(self) -> type:
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:  # (the accepted scores are logged instead)
-                pass
-
-            def _send(self, status: int, payload: Dict[str, Any]) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(JSONHandler):
             def _checked(self) -> None:
-                auth = self.headers.get("Authorization") or ""
-                if not hmac.compare_digest(auth.encode(), f"Bearer {server.token}".encode()):
+                if not self.has_bearer(server.token):
                     raise RequestError(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
                 if not server.rate.allow(self.client_address[0]):
                     raise RequestError(429, "too many requests: slow down")
@@ -224,10 +213,10 @@ class RewardServer:
                         limit = parse_qs(url.query).get("limit", ["100"])[0]
                         if not limit.isdigit() or not 1 <= int(limit) <= MAX_SCORES_PER_REQUEST:
                             raise RequestError(400, f"limit must be an integer in [1, {MAX_SCORES_PER_REQUEST}]")
-                        self._send(200, {"samples": server.pending(int(limit))})
+                        self.send_json(200, {"samples": server.pending(int(limit))})
                     elif method == "GET" and url.path == "/v1/health":
                         with server.lock:
-                            self._send(
+                            self.send_json(
                                 200, {"pending": len(server.samples) - len(server.scores), "scored": len(server.scores)}
                             )
                     elif method == "POST" and url.path == "/v1/scores":
@@ -241,11 +230,11 @@ class RewardServer:
                             body = json.loads(self.rfile.read(int(size)) or b"null")
                         except (ValueError, UnicodeDecodeError):
                             raise RequestError(400, "the body is not JSON") from None
-                        self._send(200, {"accepted": server.accept(body)})
+                        self.send_json(200, {"accepted": server.accept(body)})
                     else:
                         raise RequestError(404, f"no such endpoint: {method} {url.path}")
                 except RequestError as e:
-                    self._send(e.status, {"error": e.message})
+                    self.send_json(e.status, {"error": e.message})
 
             def do_GET(self) -> None:  # noqa: N802 (http.server's names)
                 self._serve("GET")
