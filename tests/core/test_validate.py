@@ -481,3 +481,11 @@ def test_an_interpolation_that_does_not_resolve_is_a_problem_not_a_crash():
     problems = validate(cfg)
     assert [p.key for p in problems] == ["actor.optim.lr", "tracking.log_dir"]
     assert "trainer.nope2" in problems[0].message and problems[0].severity == "error"
+
+
+def test_an_sft_run_needs_no_rollout_backend():
+    """SFT plans no rollout, so an install with the train backend alone (recipes:sft_tiny's pex) validates."""
+    only_fsdp = {"fsdp": INSTALLED["fsdp"]}
+    sft = {"algorithm": {"name": "sft"}, "placement": {"pools": [{"name": "train", "roles": ["actor"]}]}}
+    assert [p.key for p in check(sft, installed=only_fsdp) if p.severity == "error"] == []
+    assert "rollout.backend" in [p.key for p in check({}, installed=only_fsdp)]  # (an RL run needs one)

@@ -545,7 +545,7 @@ def check_backends(ctx: Context) -> List[ConfigProblem]:
     cfg, roles = ctx.cfg, ctx.draft.roles
     wanted = (  # (key, backend kind, whether the run uses it); a ref without its own backend runs the actor's
         ("actor.backend", "train", True),
-        ("rollout.backend", "rollout", True),
+        ("rollout.backend", "rollout", "rollout" in roles),  # (an SFT run has none)
         ("ref.backend", "train", "ref" in roles),
         ("critic.backend", "train", "critic" in roles),
         ("actor.fused_kernel_impl", "kernels", value(cfg, "actor.use_fused_kernels")),
