@@ -9,7 +9,7 @@ in batches of `batch_size`; the score is the model's single logit.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 
@@ -67,6 +67,3 @@ class HFRewardModel:
             ).to(self.device)
             scores.append(self.model(**enc).logits[:, 0].float().cpu())
         return torch.cat(scores) if scores else torch.zeros(0)
-
-    def forward(self, prompts: Any, responses: Any) -> torch.Tensor:
-        raise TypeError("HFRewardModel scores texts (score_texts), not the policy's token ids")

@@ -82,8 +82,11 @@ class RewardManager:
             raise ValueError("RewardManager needs a reward function (fn), a sequence_fn, a reward_model or a server")
         if fn is not None and tokenizer is None:
             raise ValueError("RewardManager needs a tokenizer to decode responses for the reward function")
-        if reward_model is not None and not callable(getattr(reward_model, "forward", None)):
-            raise TypeError(f"reward_model must have forward(prompt_ids, response_ids), got {type(reward_model)}")
+        if reward_model is not None and not _scores_something(reward_model):
+            raise TypeError(
+                f"reward_model must have forward(prompt_ids, response_ids) or score_texts(conversations, responses), "
+                f"got {type(reward_model)}"
+            )
         self.fn = fn
         self.tokenizer = tokenizer
         self.clamp = _check_clamp(clamp)
@@ -283,11 +286,11 @@ def make_reward_manager(
     fn = get_reward_fn(fn_spec) if fn_spec is not None else None
     model_spec = config_value(reward_cfg, "model")
     model = instantiate(model_spec, key="reward.model") if model_spec is not None else None
-    if model is not None and not callable(getattr(model, "forward", None)):
+    if model is not None and not _scores_something(model):
         raise _error(
             "reward.model",
             f"built a {type(model).__name__}, which has no forward()",
-            "point _target_ at a class with forward(prompt_ids, response_ids) -> Tensor[B]",
+            "point _target_ at a class with forward(prompt_ids, response_ids) -> Tensor[B], or score_texts",
         )
     if fn is None and model is None and sequence_fn is None and server is None:
         raise _error(
@@ -315,6 +318,11 @@ def make_reward_manager(
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _scores_something(model: Any) -> bool:
+    """A reward model scores the policy's token ids (forward) or texts it renders itself (score_texts)."""
+    return callable(getattr(model, "forward", None)) or callable(getattr(model, "score_texts", None))
 
 
 def _per_sample(out: Any, n: int, origin: str) -> torch.Tensor:

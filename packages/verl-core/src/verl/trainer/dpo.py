@@ -15,7 +15,7 @@ from typing import Any, Dict, Tuple
 
 from verl.data.build import make_preference_loader, make_val_loader
 from verl.protocol import DataProto
-from verl.trainer.ppo import PPOTrainer, _mean_over_ranks, tokens_in
+from verl.trainer.ppo import PPOTrainer, _mean_over_ranks, step_metrics
 from verl.trainer.shaping import best_and_worst
 from verl.trainer.timer import StageTimer
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
@@ -70,12 +70,7 @@ class DPOTrainer(PPOTrainer):
                 self.add_reference(batch)
             with timer("update"):
                 metrics.update(self.update_pairs(batch))
-        step_s = time.perf_counter() - start
-        metrics.update(timer.metrics())
-        metrics.update(self.workers.take_stats())
-        tokens = tokens_in(batch) if len(batch) else 0
-        metrics.update({"timing/step_s": step_s, "perf/tokens_per_s": tokens / step_s})
-        return metrics
+        return {**metrics, **step_metrics(self, timer, start, batch)}
 
     def add_reference(self, batch: DataProto) -> None:
         """ref_seq_log_probs [2B]: each reply's summed log-probs under the reference, unless the data has them."""

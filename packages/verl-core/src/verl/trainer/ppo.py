@@ -652,6 +652,19 @@ class PPOTrainer:
             shutdown_ray()
 
 
+def step_metrics(trainer: "PPOTrainer", timer: StageTimer, start: float, batch: DataProto) -> Dict[str, float]:
+    """What every step reports besides its own: the stages' times, the worker calls' counts, step time and
+    tokens/s (prompt + response tokens processed; 0 for an empty batch)."""
+    step_s = time.perf_counter() - start
+    tokens = tokens_in(batch) if len(batch) else 0
+    return {
+        **timer.metrics(),
+        **trainer.workers.take_stats(),
+        "timing/step_s": step_s,
+        "perf/tokens_per_s": tokens / step_s,
+    }
+
+
 def _mean_over_ranks(per_rank: List[Dict[str, float]]) -> Dict[str, float]:
     """The ranks' metrics averaged; memory peaks (memory/*) are the busiest rank's."""
     return {k: float((np.max if k.startswith("memory/") else np.mean)([r[k] for r in per_rank])) for k in per_rank[0]}

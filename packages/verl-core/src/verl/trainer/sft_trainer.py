@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from verl.data.build import make_sft_loader
-from verl.trainer.ppo import PPOTrainer, _mean_over_ranks, pad_to_multiple, tokens_in
+from verl.trainer.ppo import PPOTrainer, _mean_over_ranks, pad_to_multiple, step_metrics
 from verl.trainer.timer import StageTimer
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from verl.workers.columns import MODEL_INPUTS
@@ -54,18 +54,8 @@ class SFTTrainer(PPOTrainer):
             per_rank = self.workers.actor_rollout.call(
                 ActorRolloutRefWorker.update_actor, batch.select(SFT_UPDATE, []), loss="sft"
             )
-        metrics = _mean_over_ranks(per_rank)
-        step_s = time.perf_counter() - start
-        metrics.update(timer.metrics())
-        metrics.update(self.workers.take_stats())
-        metrics.update(
-            {
-                "sft/loss_tokens": float(batch.batch["response_mask"].sum()),
-                "timing/step_s": step_s,
-                "perf/tokens_per_s": tokens_in(batch) / step_s,
-            }
-        )
-        return metrics
+        metrics = {**_mean_over_ranks(per_rank), "sft/loss_tokens": float(batch.batch["response_mask"].sum())}
+        return {**metrics, **step_metrics(self, timer, start, batch)}
 
     def validate(self) -> Dict[str, float]:
         """val/loss: the token-mean negative log-likelihood of data.val_files' loss tokens under the actor."""
