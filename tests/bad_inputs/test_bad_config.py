@@ -231,6 +231,25 @@ CASES = [
     ("reward_server_policy", ["reward.server={{on_timeout: wait}}"], "reward.server.on_timeout", "retry"),
     ("reward_server_port", ["reward.server={{port: 70000}}"], "reward.server.port", "[0, 65535]"),
     ("reward_server_timeout", ["reward.server={{timeout_s: 0}}"], "reward.server.timeout_s", "> 0"),
+    ("reward_server_feedback", ["reward.server={{feedback: votes}}"], "reward.server.feedback", "preferences"),
+    (
+        "reward_server_preferences_of_one",
+        ["reward.server={{feedback: preferences}}", "rollout.n=1"],
+        "rollout.n",
+        "compares the samples of a prompt group",
+    ),
+    (
+        "reward_server_preferences_validation",
+        ["reward.server={{feedback: preferences}}"],  # (the recipe validates on held-out prompts)
+        "data.val_files",
+        "validation generates one sample per prompt",
+    ),
+    (
+        "reward_pool_without_a_model",
+        ["placement.pools=[{{name: hybrid, roles: [actor, rollout, ref, reward]}}]"],
+        "placement.pools.0.roles",
+        "reward.model is unset",
+    ),
     ("unknown_estimator", ["algorithm.adv_estimator=grpoo"], "algorithm.adv_estimator", "did you mean 'grpo'"),
     (
         "estimator_not_callable",

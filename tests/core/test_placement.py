@@ -291,3 +291,35 @@ def test_cpu_worker_threads_come_from_the_recipe_then_the_environment_then_the_c
     recipe = plan_of(two, {"placement": {"threads_per_worker": 5}})
     assert (recipe.threads, recipe.threads_from) == (5, "placement.threads_per_worker")
     assert plan_of(SIXTEEN).threads is None  # GPUs: not the plan's to set
+
+
+RM = {"_target_": "verl.reward.hf_model.HFRewardModel", "path": "rm"}
+
+
+def test_the_reward_model_is_a_role_only_where_a_pool_lists_it(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert enabled_roles(make_cfg({"reward": {"model": RM}})) == ("actor", "rollout")  # in the driver
+    apart = plan_of(
+        {"reward": {"model": RM}, "data": {"train_batch_size": 16}},
+        {
+            "placement": {
+                "devices_per_node": 4,
+                "pools": [
+                    {"name": "hybrid", "roles": ["actor", "rollout"], "devices": 2},
+                    {"name": "rm", "roles": ["reward"]},
+                ],
+            }
+        },
+    )
+    assert apart.layout("reward").dp == 2 and apart.layout("reward").backend == "HFRewardModel"
+    assert apart.threads == 2  # one process on each of 4 devices
+    text = squash(format_plan(apart))
+    assert "reward HFRewardModel DP=2 2 devices in pool 'rm'" in text
+    assert "reward model: on 2 workers (on devices of its own)" in text
+    shared = plan_of(
+        {"reward": {"model": RM}, "data": {"train_batch_size": 16}},
+        {"placement": {"devices_per_node": 2, "pools": [{"name": "hybrid", "roles": ["actor", "rollout", "reward"]}]}},
+    )
+    assert shared.colocated("reward", "actor") and shared.threads == 2  # 8 cores / (2 devices x 2 processes)
+    assert "reward model: on 2 workers (sharing the devices of actor, rollout)" in squash(format_plan(shared))

@@ -79,12 +79,11 @@ def ray_four_cpus():
     yield from _ray_cluster(4)
 
 
-def build_reward_model(folder) -> str:
-    """A tiny random sequence-classification reward model whose tokenizer is not the policy's: its own character
-    vocabulary (other ids) and a chat template with role markup ("<user>1+1=<assistant>2")."""
-    import torch
+def markup_tokenizer():
+    """A character tokenizer that is not the policy's: its own vocabulary (other ids) and a chat template with role
+    markup ("<user>1+1=<assistant>2"; the generation prompt is "<assistant>")."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     from verl.embedded.tokenizer import CHARACTERS
 
@@ -92,22 +91,58 @@ def build_reward_model(folder) -> str:
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     backend.decoder = decoders.Fuse()
-    template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>", chat_template=template
+    template = (
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
     )
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(vocab),
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        clean_up_tokenization_spaces=False,  # decode(encode(text)) == text
+        chat_template=template,
+    )
+
+
+def _tiny_llama_config(vocab_size: int, **settings):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab_size,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=1,
         num_attention_heads=2,
         num_key_value_heads=2,
-        num_labels=1,
         pad_token_id=0,
+        **settings,
     )
-    model = LlamaForSequenceClassification(config)
+
+
+def build_reward_model(folder) -> str:
+    """A tiny random sequence-classification reward model with the `markup_tokenizer`."""
+    import torch
+    from transformers import LlamaForSequenceClassification
+
+    tokenizer = markup_tokenizer()
+    torch.manual_seed(0)
+    model = LlamaForSequenceClassification(_tiny_llama_config(len(tokenizer), num_labels=1))
     model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def build_judge_model(folder) -> str:
+    """A tiny random causal LM with the `markup_tokenizer`, as a generative judge (its outputs are noise, but
+    deterministic: greedy)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    tokenizer = markup_tokenizer()
+    torch.manual_seed(0)
+    # a wide initialisation: outputs that depend on the prompt (a narrow one repeats one token whatever it reads)
+    config = _tiny_llama_config(len(tokenizer), bos_token_id=None, eos_token_id=1, initializer_range=0.5)
+    LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)

@@ -21,6 +21,8 @@ def _node_span(pool: Pool, devices_per_node: int) -> str:
 
 
 def _sizes(layout: Layout) -> str:
+    if layout.role == "reward":  # a copy of the model on each device
+        return f"DP={layout.dp}"
     if layout.role == "rollout":
         text = f"TP={layout.tp} DP={layout.dp}"
     else:
@@ -125,6 +127,13 @@ def _batch_lines(plan: Plan) -> List[str]:
             f"weight sync: pool '{actor.name}' -> pool '{rollout.name}' over a transfer group (the actor's rank 0 "
             f"and the rollout's {_count(rollout.size, 'rank')}, {'gloo' if plan.device == 'cpu' else 'nccl'}), "
             "full tensors in buckets (rollout.weight_sync_bucket_mb)"
+        )
+    if plan.has("reward"):
+        shared = [r for r in plan.roles if r != "reward" and plan.colocated(r, "reward")]
+        where = f"sharing the devices of {', '.join(shared)}" if shared else "on devices of its own"
+        lines.append(
+            f"reward model: on {_count(plan.layout('reward').dp, 'worker')} ({where}), each batch's samples split "
+            "over them"
         )
     if plan.agent_loop is not None:
         lines.append(

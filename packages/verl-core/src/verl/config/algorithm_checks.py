@@ -223,6 +223,17 @@ def check_reward(ctx: Context) -> List[ConfigProblem]:
             problems.append(error_at("reward.model._target_", "does not name a class or function", "name a class"))
     except ConfigError as e:
         problems += e.problems
+    pools = list(value(ctx.cfg, "placement.pools") or [])
+    listed = [i for i, pool in enumerate(pools) if "reward" in list(value(pool, "roles") or [])]
+    if listed and model is None:
+        problems.append(
+            error_at(
+                f"placement.pools.{listed[0]}.roles",
+                "lists the reward role, but reward.model is unset: there is no reward model to place",
+                "set reward.model (e.g. {_target_: verl.reward.hf_model.HFRewardModel, path: ...}), or remove "
+                "reward from the pool (a reward function runs in the driver)",
+            )
+        )
     return problems
 
 

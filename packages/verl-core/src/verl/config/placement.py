@@ -48,6 +48,9 @@ def _switch(cfg: DictConfig, role: str) -> Tuple[bool, str]:
         return False, "algorithm.name=sft generates nothing"
     if role in ("actor", "rollout"):
         return True, "always on"
+    if role == "reward":  # placed only when asked: a reward model in no pool runs in the driver process
+        placed = any("reward" in _pool_roles(pool) for pool in value(cfg, "placement.pools") or [])
+        return placed and value(cfg, "reward.model") is not None, "reward.model is set and a pool lists reward"
     enable = value(cfg, f"{role}.enable")
     if enable is not None:
         return bool(enable), f"{role}.enable=true"
@@ -77,9 +80,11 @@ def enabled_roles(cfg: Any) -> Tuple[str, ...]:
 
 
 def role_backend(cfg: DictConfig, role: str) -> Optional[str]:
-    """The backend a role runs on; ref defaults to the actor's."""
+    """The backend a role runs on; ref defaults to the actor's; the reward role's is its model's class name."""
     if role == "ref":
         return value(cfg, "ref.backend") or value(cfg, "actor.backend")
+    if role == "reward":
+        return str(value(cfg, "reward.model._target_") or "reward model").rsplit(".", 1)[-1]
     return value(cfg, f"{role}.backend")
 
 

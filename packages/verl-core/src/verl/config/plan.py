@@ -415,11 +415,23 @@ def _threads(cfg: DictConfig, plan: Plan) -> dict:
     if env.isdigit() and int(env) >= 1:
         return {"threads": int(env), "threads_from": "OMP_NUM_THREADS"}
     try:
-        per_device = 2 if plan.colocated("critic", "actor") else 1  # a colocated critic is a second process
+        # a critic or reward model sharing a pool with another role is a process of its own on each device
+        per_device = max([1] + [len(processes_per_pool(plan, p.name)) for p in plan.pools])
     except StopIteration:  # a draft whose pools did not resolve
         per_device = 1
     workers, cores = max(1, plan.devices_per_node) * per_device, os.cpu_count() or 1
     return {"threads": max(1, cores // workers), "threads_from": f"{cores} cores / {workers} workers per node"}
+
+
+def processes_per_pool(plan: Plan, pool: str) -> Tuple[str, ...]:
+    """The worker groups with a process on each device of `pool`: the actor/rollout/ref one, the critic's and the
+    reward model's (each a process of its own, sharing the devices)."""
+    groups = [g for g, roles in WORKER_GROUPS.items() if any(plan.has(r) and plan.pool(r).name == pool for r in roles)]
+    return tuple(groups)
+
+
+# the roles each worker group holds (a rollout apart from the actor is a RolloutWorker group of its own pool)
+WORKER_GROUPS = {"actor_rollout": ("actor", "rollout", "ref"), "critic": ("critic",), "reward": ("reward",)}
 
 
 def on_policy_problem(cfg: DictConfig, batch: Optional[BatchPlan]) -> Optional[str]:

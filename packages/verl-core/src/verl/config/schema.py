@@ -19,7 +19,8 @@ from typing import Any, Callable, Dict, List, Optional, Union
 
 from omegaconf import MISSING
 
-ROLES = ("actor", "rollout", "ref", "critic")
+# reward: the reward model (reward.model) on worker processes, when a pool lists it (else it runs in the driver)
+ROLES = ("actor", "rollout", "ref", "critic", "reward")
 
 
 def one_of(default: Any, *choices: str) -> Any:
@@ -387,6 +388,9 @@ class RewardServerConfig:
     on_timeout: str = one_of("default", "default", "skip", "retry")
     default_score: float = any_finite(0.0)
     max_retries: int = at_least(3, 0)
+    # what clients post: scores (one per sample), or preferences between two samples of a prompt group (each
+    # sample then scores its wins minus its losses in its group; a group without a preference is missing)
+    feedback: str = one_of("scores", "scores", "preferences")
     max_body_kb: int = at_least(256, 1)  # larger requests are refused (413)
     rate_per_s: float = positive(20.0)  # requests a second per client address (429 above)
 

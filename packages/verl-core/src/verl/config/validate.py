@@ -565,6 +565,28 @@ def check_loggers(ctx: Context) -> List[ConfigProblem]:
     return [p for i, name in enumerate(loggers) for p in not_one_of(f"tracking.loggers[{i}]", name, tuple(LOGGERS))]
 
 
+def check_reward_feedback(ctx: Context) -> List[ConfigProblem]:
+    """reward.server.feedback=preferences compares the samples of one prompt group: groups of two or more, and no
+    validation (one sample per held-out prompt: nothing to compare, so its scores would never come)."""
+    cfg = ctx.cfg
+    if value(cfg, "reward.server.feedback") != "preferences":
+        return []
+    label = "reward.server.feedback=preferences compares the samples of a prompt group"
+    problems = []
+    n = value(cfg, "rollout.n")
+    if isinstance(n, int) and n < 2:
+        problems.append(error_at("rollout.n", f"{label}; got groups of {n}", "set rollout.n=2 or more"))
+    if value(cfg, "data.val_files"):
+        problems.append(
+            error_at(
+                "data.val_files",
+                f"{label}, and validation generates one sample per prompt",
+                "set data.val_files=[] (or reward.server.feedback=scores)",
+            )
+        )
+    return problems
+
+
 CHECKS: Sequence[Check] = (
     check_missing,
     check_field_rules,
@@ -593,6 +615,7 @@ CHECKS: Sequence[Check] = (
     check_kl_has_a_reference,
     check_dapo,
     check_reward,
+    check_reward_feedback,
     check_preference,
     check_sft,
     check_agent,

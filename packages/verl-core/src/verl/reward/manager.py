@@ -14,6 +14,8 @@ Metrics (all floats):
   reward/<data_source>/mean       per data source; also .../accuracy when a function is configured
   reward/extra/<key>              the mean of each other numeric entry of dict results
   reward/model_score/mean         the reward model's mean output, when there is a model
+  reward/model/<key>              each numeric entry of the model's `last_metrics`, when it keeps one
+                                  (e.g. a generative judge's judge/unparsed)
   reward/empty_responses          samples with no generated token
   reward/nonfinite_count          NaN/inf scores replaced in this batch
 """
@@ -131,13 +133,17 @@ class RewardManager:
         self.last_missing = None
         if self.server is not None:  # scores posted by clients of the reward server (reward.server)
             server_scores, self.last_missing, server_metrics = self.server(
-                _prompts(batch, self.tokenizer, n), self._texts(batch, responses, mask), sources
+                _prompts(batch, self.tokenizer, n),
+                self._texts(batch, responses, mask),
+                sources,
+                groups=batch.non_tensor_batch.get("uid"),  # a prompt's samples: what a preference compares
             )
             scores += self.weight("server") * self._finite(server_scores, "reward.server", replaced)
             metrics.update(server_metrics)
         if self.reward_model is not None:
             model_scores = self._finite(self._model_scores(batch, responses, mask), "reward.model", replaced)
             metrics["reward/model_score/mean"] = _mean(model_scores.tolist())
+            metrics.update(_model_metrics(self.reward_model))
             scores += self.weight("model") * model_scores
         if self.clamp is not None:
             scores = scores.clamp(*self.clamp)
@@ -270,10 +276,11 @@ class RewardManager:
 
 
 def make_reward_manager(
-    reward_cfg: Any, tokenizer: Any, reward_fn: Any = None, server: Any = None, **kwargs: Any
+    reward_cfg: Any, tokenizer: Any, reward_fn: Any = None, server: Any = None, model: Any = None, **kwargs: Any
 ) -> RewardManager:
     """A RewardManager from the `reward` config section; `reward_fn` (name, mapping or callable) overrides `reward.fn`
-    (a callable with parameters input_ids and attention_mask scores whole token rows, returning a Tensor[B]).
+    (a callable with parameters input_ids and attention_mask scores whole token rows, returning a Tensor[B]);
+    `model` stands in for building reward.model here (the reward model on workers: a PooledRewardModel).
 
     Extra kwargs (e.g. num_workers) go to RewardManager.
     """
@@ -285,7 +292,8 @@ def make_reward_manager(
         fn_spec = reward_fn if reward_fn is not None else config_value(reward_cfg, "fn")
     fn = get_reward_fn(fn_spec) if fn_spec is not None else None
     model_spec = config_value(reward_cfg, "model")
-    model = instantiate(model_spec, key="reward.model") if model_spec is not None else None
+    if model is None and model_spec is not None:
+        model = instantiate(model_spec, key="reward.model")
     if model is not None and not _scores_something(model):
         raise _error(
             "reward.model",
@@ -323,6 +331,14 @@ def make_reward_manager(
 def _scores_something(model: Any) -> bool:
     """A reward model scores the policy's token ids (forward) or texts it renders itself (score_texts)."""
     return callable(getattr(model, "forward", None)) or callable(getattr(model, "score_texts", None))
+
+
+def _model_metrics(model: Any) -> dict[str, float]:
+    """The reward model's `last_metrics` of its last call (numbers only) as reward/model/<key>."""
+    reported = getattr(model, "last_metrics", None)
+    if not isinstance(reported, Mapping):
+        return {}
+    return {f"reward/model/{k}": _number(v) for k, v in reported.items() if _is_number(v)}
 
 
 def _per_sample(out: Any, n: int, origin: str) -> torch.Tensor:

@@ -1,5 +1,10 @@
 """Scores from the reward server's clients (reward.server): submit a batch's samples, wait, apply the policy.
 
+feedback=scores: each sample waits for the score a client posts. feedback=preferences: each prompt group (the
+batch's `uid`) waits for a client's preferences between its samples; once a group has one, each of its samples
+scores its wins minus its losses (a Copeland score: online DPO pairs the most and the least preferred, GRPO gets a
+ranking reward). A sample of a group without a preference is missing.
+
 Policies for the samples not scored within `timeout_s`: default (score them `default_score`), retry (wait again,
 up to `max_retries` more times, then stop the run naming how many are missing) or skip (the trainer drops the
 prompt groups they belong to; `RewardManager.last_missing` marks them).
@@ -9,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, List, Tuple
+import uuid
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -21,17 +27,32 @@ class ServerScores:
     def __init__(self, server: Any, cfg: Any):
         """server: a verl.api.RewardServer; cfg: the reward.server section."""
         self.server, self.cfg = server, cfg
+        # Groups are uids made unique to this run: a rerun on the same store numbers its uids again from the start,
+        # and must not find its groups answered by the old run's preferences.
+        self.run = uuid.uuid4().hex[:8]
 
     def __call__(
-        self, prompts: List[str], responses: List[str], sources: List[str]
+        self, prompts: List[str], responses: List[str], sources: List[str], groups: Optional[Sequence[Any]] = None
     ) -> Tuple[torch.Tensor, np.ndarray, Dict[str, float]]:
-        """(scores [n], missing [n] bool, metrics) for these samples."""
+        """(scores [n], missing [n] bool, metrics) for these samples; groups: each one's prompt group (uid)."""
         c = self.cfg
+        preferences = c.feedback == "preferences"
+        if preferences and groups is None:
+            raise ValueError(
+                "reward.server.feedback=preferences compares the samples of one prompt group, and this batch has no "
+                "groups (no uid column: validation, or a greedy baseline, generates one sample per prompt); use "
+                "feedback=scores, or another reward source for it"
+            )
         start = time.perf_counter()
+        named = [None] * len(prompts) if groups is None else [f"{self.run}-{g}" for g in groups]
         ids = self.server.submit(
-            [{"prompt": p, "response": r, "data_source": s} for p, r, s in zip(prompts, responses, sources)]
+            [
+                {"prompt": p, "response": r, "data_source": s, "group": g}
+                for p, r, s, g in zip(prompts, responses, sources, named)
+            ]
         )
-        got = self.server.wait(ids, c.timeout_s)
+        wait = self.server.wait_preferred if preferences else self.server.wait
+        got = wait(ids, c.timeout_s)
         retries = 0
         while len(got) < len(ids) and c.on_timeout == "retry":
             if retries == c.max_retries:
@@ -50,7 +71,7 @@ class ServerScores:
                 retries,
                 c.max_retries,
             )
-            got.update(self.server.wait(ids, c.timeout_s))
+            got.update(wait(ids, c.timeout_s))
         missing = np.array([i not in got for i in ids])
         fill = c.default_score if c.on_timeout == "default" else 0.0
         scores = torch.tensor([got.get(i, fill) for i in ids], dtype=torch.float64)
@@ -59,6 +80,8 @@ class ServerScores:
             "reward/server_missing": float(missing.sum()),
             "reward/server_wait_s": time.perf_counter() - start,
         }
+        if preferences:
+            metrics["reward/server_preferences"] = float(self.server.preferences_in(ids))
         return scores, missing, metrics
 
 

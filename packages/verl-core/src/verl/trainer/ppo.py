@@ -142,17 +142,6 @@ class PPOTrainer:
         self.train_loader, self.val_loader = self.make_loaders()
         total_steps = cfg.trainer.total_steps or len(self.train_loader) * cfg.trainer.total_epochs
         self.plan = plan = plan.with_total_steps(total_steps)
-        self.reward_server = start_reward_server(cfg) if self.scores() and cfg.reward.server is not None else None
-        self.reward = (
-            make_reward_manager(
-                cfg.reward,
-                self.tokenizer,
-                reward_fn=reward_fn,
-                server=ServerScores(self.reward_server, cfg.reward.server) if self.reward_server else None,
-            )
-            if self.scores()
-            else None
-        )
         self.use_critic = plan.has("critic")
         self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl) if cfg.algorithm.use_kl_in_reward else None
         self.checkpoints = CheckpointManager(checkpoint_root(cfg), keep_last=cfg.checkpoint.keep_last)
@@ -163,6 +152,18 @@ class PPOTrainer:
             log_dir=cfg.tracking.log_dir or os.path.join(self.output_dir, "logs"),
         )
         self.workers = start_workers(cfg, plan, model_path=self.model_path, tokenizer_path=cfg.model.tokenizer_path)
+        self.reward_server = start_reward_server(cfg) if self.scores() and cfg.reward.server is not None else None
+        self.reward = (
+            make_reward_manager(
+                cfg.reward,
+                self.tokenizer,
+                reward_fn=reward_fn,
+                server=ServerScores(self.reward_server, cfg.reward.server) if self.reward_server else None,
+                model=self.workers.reward_model,  # the reward model on its workers (None: built here when set)
+            )
+            if self.scores()
+            else None
+        )
         self.step = 0
         self.rollouts = 0  # generate() calls: part of every uid, so groups of different batches never merge
         self.ahead: Optional[PendingRollout] = None  # one_step_off: the next step's batch, generating

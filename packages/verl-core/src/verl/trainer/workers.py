@@ -8,10 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from verl.config.plan import Plan
+from verl.config.plan import Plan, processes_per_pool
 from verl.controller import make_worker_group, pools_from_plan
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from verl.workers.critic import CriticWorker
+from verl.workers.reward_model import PooledRewardModel, RewardModelWorker
 from verl.workers.rollout import RolloutWorker
 
 
@@ -23,6 +24,8 @@ class Workers:
     rollout: Optional[Any] = None  # a worker group of RolloutWorker, when the rollout has a pool of its own
     bucket_bytes: int = 256 << 20  # rollout.weight_sync_bucket_mb
     rollout_ranks: List[int] = field(default_factory=list)  # the rollout ranks alive, in the transfer group
+    reward: Optional[Any] = None  # a worker group of RewardModelWorker, when a pool lists the reward role
+    reward_model: Optional[PooledRewardModel] = None  # the driver's handle on it (what RewardManager scores with)
 
     def join_weight_transfer(self, ranks: Optional[List[int]] = None) -> None:
         """(Re-)form the transfer group: the actor's rank 0 and the rollout `ranks` (default: all)."""
@@ -39,7 +42,7 @@ class Workers:
 
     @property
     def groups(self) -> List[Any]:
-        return [g for g in (self.actor_rollout, self.critic, self.rollout) if g is not None]
+        return [g for g in (self.actor_rollout, self.critic, self.rollout, self.reward) if g is not None]
 
     def sync_weights(self, version: int) -> Dict[str, float]:
         """Send the actor's weights (policy `version`) to the rollout's own pool and wait until it has loaded them
@@ -77,30 +80,33 @@ class Workers:
 
 
 def start_workers(cfg: Any, plan: Plan, *, model_path: str, tokenizer_path: Optional[str] = None) -> Workers:
-    """The actor/rollout/ref group on the actor's pool and the critic's group on its own (or the same) pool."""
+    """The actor/rollout/ref group on the actor's pool, the critic's and the reward model's groups on their own (or
+    the same) pools."""
     mode = plan.controller
     pools = pools_from_plan(plan)
-    shared = plan.colocated("critic", "actor")
-    fraction = 0.5 if shared else 1.0
     env = {"OMP_NUM_THREADS": str(plan.threads)} if plan.threads else {}
 
     def group(worker_cls: type, pool_of: str, *args: Any, role: str) -> Any:
-        pool = pools[plan.pool(pool_of).name]
-        return make_worker_group(
-            mode, pool, worker_cls, cfg, plan, model_path, *args, role=role, env=env, resource_fraction=fraction
-        )
+        pool = plan.pool(pool_of).name
+        # groups sharing a pool (a colocated critic or reward model) each take an equal share of every device
+        fraction = 1.0 / len(processes_per_pool(plan, pool))
+        return make_worker_group(mode, pools[pool], worker_cls, *args, role=role, env=env, resource_fraction=fraction)
 
     apart = plan.rollout_apart
     roles = [r for r in ("actor", "rollout", "ref") if plan.has(r) and not (apart and r == "rollout")]
-    actor_rollout = group(ActorRolloutRefWorker, "actor", tokenizer_path, roles, role="actor_rollout")
-    critic = group(CriticWorker, "critic", role="critic") if plan.has("critic") else None
-    rollout = group(RolloutWorker, "rollout", tokenizer_path, role="rollout") if apart else None
+    actor_rollout = group(
+        ActorRolloutRefWorker, "actor", cfg, plan, model_path, tokenizer_path, roles, role="actor_rollout"
+    )
+    critic = group(CriticWorker, "critic", cfg, plan, model_path, role="critic") if plan.has("critic") else None
+    rollout = group(RolloutWorker, "rollout", cfg, plan, model_path, tokenizer_path, role="rollout") if apart else None
     # Each pool's workers initialise at once (the models load side by side).
+    reward = group(RewardModelWorker, "reward", cfg, plan, role="reward") if plan.has("reward") else None
     started = [
         g.submit(cls.init_model)
-        for g, cls in ((actor_rollout, ActorRolloutRefWorker), (rollout, RolloutWorker))
+        for g, cls in ((actor_rollout, ActorRolloutRefWorker), (rollout, RolloutWorker), (reward, RewardModelWorker))
         if g is not None
     ]
+    reward_model = PooledRewardModel(reward, started[-1].result()[0]) if reward is not None else None
     for pending in started:
         pending.result()
     actor_rollout.refresh_dispatch_info(*([] if apart else ["rollout"]))  # the layouts, read now
@@ -111,4 +117,5 @@ def start_workers(cfg: Any, plan: Plan, *, model_path: str, tokenizer_path: Opti
     if rollout is not None:
         rollout.refresh_dispatch_info("rollout")
         workers.join_weight_transfer()
+    workers.reward, workers.reward_model = reward, reward_model
     return workers
