@@ -245,6 +245,16 @@ CASES = [
         "validation generates one sample per prompt",
     ),
     (
+        "reward_pool_in_an_sft_run",
+        [
+            "algorithm.name=sft",
+            "reward.model={{_target_: verl.reward.hf_model.HFRewardModel, path: rm}}",
+            "placement.pools=[{{name: hybrid, roles: [actor, reward]}}]",
+        ],
+        "placement.pools",
+        "scores nothing",
+    ),
+    (
         "reward_pool_without_a_model",
         ["placement.pools=[{{name: hybrid, roles: [actor, rollout, ref, reward]}}]"],
         "placement.pools.0.roles",

@@ -256,6 +256,14 @@ def check_sft(ctx: Context) -> List[ConfigProblem]:
                     f"set {role}.enable=false",
                 )
             )
+    if "reward" in ctx.draft.roles:
+        problems.append(
+            error_at(
+                "placement.pools",
+                "algorithm.name=sft scores nothing, so a reward model on workers would sit idle",
+                "remove reward from placement.pools",
+            )
+        )
     for key in ("actor.use_kl_loss", "algorithm.use_kl_in_reward", "rollout.agent.loop"):
         if value(cfg, key):
             problems.append(error_at(key, "algorithm.name=sft: the loss is the data's likelihood alone", "remove it"))
