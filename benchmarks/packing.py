@@ -1,16 +1,20 @@
-"""Packed rows against padded ones on a GRPO-shaped batch with long-tail response lengths (FSDP engine, CPU).
+"""Packed rows against padded ones on a GRPO-shaped batch with long-tail response lengths (FSDP and megatron
+engines, CPU).
 
 A ~20M-parameter Llama (random weights), 4 prompts x 4 samples, prompts of 16-64 tokens, response lengths
 log-normal, clipped to [8, 512]. Each setting runs in a fresh process (so its peak RSS is its own): one
 warm-up step, then `--steps` timed optimizer steps of the actor's token-mean loss.
 
-  padded   model.shared_prefix=false, micro-batches of 4 rows (every row padded to the longest)
-  packed   shared-prefix packing, micro-batches of <= --budget tokens
+  fsdp padded       model.shared_prefix=false, micro-batches of 4 rows (every row padded to the longest)
+  fsdp packed       shared-prefix packing, micro-batches of <= --budget tokens
+  megatron padded   model.shared_prefix=false, micro-batches of 4 rows (TP=PP=CP=1, local attention)
+  megatron packed   shared-prefix packing, micro-batches of 4 rows (one prompt's samples: one packed row);
+                    megatron's schedule takes no token budgets
 
 Reported: s/step, tokens/s (prompt + response tokens that are not padding, per second), the tokens the model
 computes per step, and peak RSS above the RSS after the model was built (activations, gradients, optimizer
-state, the same ~240 MB in both). The packed budget defaults to the tokens a padded micro-batch of 4 rows
-holds, so both settings bound a micro-batch by the same number of tokens.
+state). The fsdp packed budget defaults to the tokens a padded micro-batch of 4 rows holds, so both fsdp
+settings bound a micro-batch by the same number of tokens.
 
     python benchmarks/packing.py [--steps 3] [--budget 2048] [--out benchmarks/results/packing_cpu.md]
 """
@@ -91,25 +95,35 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+SETTINGS = ("fsdp padded", "fsdp packed", "megatron padded", "megatron packed")
+
+
 def run_setting(model: str, setting: str, steps: int, budget: int) -> dict:
     """One setting in this process: the engine, a warm-up step, `steps` timed steps."""
+    import types
+
     import torch.distributed as dist
 
     from verl.config.schema import ActorConfig, OptimConfig
     from verl.controller.worker import free_port
-    from verl.engine import EngineConfig
+    from verl.engine import EngineConfig, load_engine
     from verl.workers.losses import actor_loss_fn
-    from verl_fsdp.engine import FSDPEngine
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
-    packed = setting == "packed"
-    engine = FSDPEngine(
-        EngineConfig(model_path=model, optim=OptimConfig(lr=1e-5), total_steps=100, shared_prefix=packed)
+    backend, layout = setting.split()
+    packed = layout == "packed"
+    parallel = types.SimpleNamespace(tp=1, pp=1, vpp=None, cp=1, ep=1, dp=None) if backend == "megatron" else None
+    cfg = EngineConfig(
+        model_path=model, optim=OptimConfig(lr=1e-5), total_steps=100, shared_prefix=packed, parallel=parallel
     )
+    engine = load_engine(backend, "train")(cfg)
     batch = make_batch()
     loss = actor_loss_fn(ActorConfig(ppo_mini_batch_size=1, loss_agg_mode="token-mean"))
-    kw = dict(micro_batch_size=PROMPTS * N, max_tokens=budget) if packed else dict(micro_batch_size=4)
+    if packed and backend == "fsdp":
+        kw = dict(micro_batch_size=PROMPTS * N, max_tokens=budget)
+    else:
+        kw = dict(micro_batch_size=4)
     b = batch.batch
     base = rss_mb()
     metrics = engine.train_step(batch, loss, **kw)  # warm-up (allocates the optimizer state)
@@ -141,20 +155,20 @@ def main() -> None:
         help="tokens per packed micro-batch (default: as many as a padded micro-batch of 4 rows holds)",
     )
     parser.add_argument("--out", default=str(HERE / "results" / "packing_cpu.md"))
-    parser.add_argument("--one", nargs=2, metavar=("MODEL", "SETTING"), help=argparse.SUPPRESS)
+    parser.add_argument("--one", nargs=3, metavar=("MODEL", "BACKEND", "LAYOUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.budget is None:
         args.budget = 4 * make_batch().batch["input_ids"].shape[1]
     if args.one:
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
-        print(json.dumps(run_setting(args.one[0], args.one[1], args.steps, args.budget)))
+        print(json.dumps(run_setting(args.one[0], " ".join(args.one[1:]), args.steps, args.budget)))
         return
     work = tempfile.mkdtemp(prefix="verl-packing-")
     model = os.path.join(work, "llama")
     make_model(model)
     results = []
-    for setting in ("padded", "packed"):
-        cmd = [sys.executable, __file__, "--one", model, setting, "--steps", str(args.steps)]
+    for setting in SETTINGS:
+        cmd = [sys.executable, __file__, "--one", model, *setting.split(), "--steps", str(args.steps)]
         cmd += ["--budget", str(args.budget)]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
         results.append(json.loads(out))
@@ -163,11 +177,11 @@ def main() -> None:
 
 
 def report(args, results: list) -> None:
-    pad, pack = results
+    by = {r["setting"]: r for r in results}
     batch = make_batch()
     lengths = batch.batch["response_mask"].sum(-1).tolist()
     lines = [
-        "# Packed rows vs padded rows (FSDP engine, CPU)",
+        "# Packed rows vs padded rows (FSDP and megatron engines, CPU)",
         "",
         f"Measured {time.strftime('%Y-%m-%dT%H:%M:%S%z')} with `benchmarks/packing.py --steps {args.steps} "
         f"--budget {args.budget}`.",
@@ -186,15 +200,20 @@ def report(args, results: list) -> None:
             f"| {r['setting']} | {r['s_per_step']:.2f} | {r['tokens_per_s']:.0f} | {r['computed_tokens']:,} | "
             f"{r['peak_rss_above_model_mb']:.0f} |"
         )
+    lines.append("")
+    for backend in ("fsdp", "megatron"):
+        pad, pack = by[f"{backend} padded"], by[f"{backend} packed"]
+        lines.append(
+            f"- {backend}: packed / padded **{pack['tokens_per_s'] / pad['tokens_per_s']:.2f}x** tokens/s, "
+            f"**{pack['peak_rss_above_model_mb'] / max(pad['peak_rss_above_model_mb'], 1):.2f}x** peak memory above "
+            f"the model ({pad['real_tokens']:,} real tokens per step in both)."
+        )
     lines += [
         "",
-        f"packed / padded: **{pack['tokens_per_s'] / pad['tokens_per_s']:.2f}x** tokens/s, "
-        f"**{pack['peak_rss_above_model_mb'] / max(pad['peak_rss_above_model_mb'], 1):.2f}x** peak memory above "
-        f"the model ({pad['real_tokens']:,} real tokens per step in both).",
-        "",
-        "padded: `model.shared_prefix=false`, micro-batches of 4 rows; packed: shared-prefix packing with",
-        f"micro-batches of <= {args.budget} tokens (`actor.ppo_max_tokens_per_device`). The megatron engine",
-        "computes padded rows only (its packed THD layout is not built yet).",
+        "padded: `model.shared_prefix=false`, micro-batches of 4 rows; fsdp packed: shared-prefix packing with",
+        f"micro-batches of <= {args.budget} tokens (`actor.ppo_max_tokens_per_device`); megatron packed: the same",
+        "packing over micro-batches of 4 rows (one prompt's samples), the pack's mask given to megatron's local",
+        "attention.",
     ]
     write_report(args.out, lines)
 

@@ -16,6 +16,7 @@ import pytest
 import ray
 import torch
 
+from tests.support.engines import grouped_batch
 from tests.support.megatron_workers import (
     EngineWorker,
     check_log_probs,
@@ -155,6 +156,29 @@ def test_log_probs_and_gradient_match_hf(workers, models, name, parallel):
         want = _hf_grad_norm(models[name], short)
         assert all(n == norms[0] for n in norms) and norms[0] == pytest.approx(want, rel=1e-5)
         print(f"{name} {parallel}: max |log-prob - HF| = {worst:.2e}, grad norm {norms[0]:.6f} vs HF {want:.6f}")
+
+
+@pytest.mark.parametrize("parallel", [{"tp": 2}, {"pp": 2}, {"cp": 2}], ids=["tp2_sp", "pp2", "cp2"])
+def test_packed_rows_give_the_padded_rows_outputs_and_step(workers, models, parallel):
+    """model.shared_prefix on megatron across ranks: a GRPO-shaped batch (3 prompts x 4 samples, two micro-batches
+    of 6 rows) packed by shared prompt gives the padded rows' log-probs (1e-5) and one step's weights (1e-6; Adam's
+    eps=1 makes its first step ~ lr * gradient)."""
+    batch = grouped_batch(prompts=3, n=4, vocab=83)
+    valid = batch.batch["response_mask"].bool()
+    with workers(parallel) as group:
+        outs, weights, ratios = {}, {}, {}
+        for packed in (False, True):
+            name = f"packed={packed}"
+            group.call("load", name, models["llama"], OptimConfig(lr=1e-2, eps=1.0), shared_prefix=packed)
+            outs[packed] = group.call("infer", name, batch, micro_batch_size=6)
+            ratios[packed] = group.call("train", name, batch, micro_batch_size=6)[0]["computed_tokens_ratio"]
+            weights[packed] = group.call("hf_weights", name)[0]
+    assert ratios[True] < 0.8 * ratios[False]  # (padded rows under SP or CP: lengths rounded up to a multiple)
+    for padded, packed in zip(outs[False], outs[True]):
+        for key in ("log_probs", "entropy"):
+            torch.testing.assert_close(packed[key][valid], padded[key][valid], rtol=0, atol=1e-5, msg=key)
+    for key, tensor in weights[False].items():
+        torch.testing.assert_close(weights[True][key], tensor, rtol=0, atol=1e-6, msg=key)
 
 
 def test_pp2_cp2_log_probs_and_critic_values_match_hf(workers, models, tmp_path):

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.support.engines import free_port, make_llama_dir, random_batch
+from tests.support.engines import free_port, grouped_batch, make_llama_dir, random_batch
 from verl.config.schema import OptimConfig
 from verl.engine import EngineConfig
 from verl_megatron.context_parallel import chunk_positions, local_index
@@ -38,10 +38,10 @@ def llama(tmp_path_factory) -> str:
     return make_llama_dir(str(tmp_path_factory.mktemp("llama")))
 
 
-def _engine(path: str, *, optim: bool = True, kind: str = "causal_lm", **kw):
+def _engine(path: str, *, optim: bool = True, kind: str = "causal_lm", eps: float = 1e-8, **kw):
     from verl_megatron.engine import MegatronEngine
 
-    opt = OptimConfig(lr=1e-2, weight_decay=0.0) if optim else None
+    opt = OptimConfig(lr=1e-2, weight_decay=0.0, eps=eps) if optim else None
     return MegatronEngine(EngineConfig(model_path=path, kind=kind, optim=opt, total_steps=10, parallel=LAYOUT, **kw))
 
 
@@ -143,3 +143,26 @@ def test_vpp_micro_batches_come_in_multiples_of_pp(world_one, llama):
     assert [len(m) for m in engine._micro_batches(random_batch(4, 4, 2), 1)] == [1, 1, 1, 1]
     with pytest.raises(ValueError, match="multiple of pp=2"):
         engine._micro_batches(random_batch(1, 4, 2), 1)
+
+
+def test_packed_rows_give_the_padded_rows_outputs_and_step(world_one, llama):
+    """model.shared_prefix on megatron: each prompt once, its samples after it, the pack's mask as the attention
+    mask. Log-probs, entropy and values within 1e-5 of the padded rows', one step's weights within 1e-6."""
+    batch = grouped_batch(prompts=3, n=4)
+    mask = batch.batch["response_mask"].bool()
+    runs = {}
+    for packed in (False, True):
+        engine = _engine(llama, shared_prefix=packed, eps=1.0)  # Adam's first step ~ lr * g: weights compare grads
+        out = engine.infer(batch, micro_batch_size=6, entropy=True).batch
+        metrics = engine.train_step(batch, _nll, micro_batch_size=6)
+        critic = _engine(llama, kind="value", optim=False, shared_prefix=packed)
+        values = critic.infer(batch, micro_batch_size=6).batch["values"]
+        runs[packed] = (out, metrics, {k: v.clone() for k, v in engine.weights()}, values)
+    (out0, m0, w0, v0), (out1, m1, w1, v1) = runs[False], runs[True]
+    for key in ("log_probs", "entropy"):
+        assert torch.allclose(out1[key][mask], out0[key][mask], atol=1e-5), key
+        assert torch.all(out1[key][~mask] == 0)  # packed rows hold nothing past a response
+    assert torch.allclose(v1[mask], v0[mask], atol=1e-5)
+    assert m0["computed_tokens_ratio"] == 1.0 and m1["computed_tokens_ratio"] < 0.8
+    assert abs(m1["nll"] - m0["nll"]) < 1e-5
+    assert max((w1[k] - w0[k]).abs().max().item() for k in w0) < 1e-6

@@ -9,6 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from verl.protocol import DataProto
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -93,5 +95,37 @@ def policy_batch(rows: int, p: int, r: int, vocab: int, old_log_prob: float):
             "response_mask": torch.ones(rows, r, dtype=torch.long),
             "old_log_probs": old_log_prob * torch.ones(rows, r),
             "advantages": torch.randn(rows, r, generator=g),
+        }
+    )
+
+
+P, R = 5, 4  # grouped_batch's prompt and response widths
+
+
+def grouped_batch(prompts: int = 3, n: int = 4, vocab: int = 40, seed: int = 0) -> DataProto:
+    """Rollout-shaped rows: each prompt n times in a row (left-padded to P, lengths 3..5), responses of lengths
+    1..R right-padded with 0 after their end, as the rollout returns them."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.zeros(prompts * n, P + R, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i in range(prompts):
+        plen = 3 + i % 3
+        prompt = torch.randint(3, vocab, (plen,), generator=g)
+        for j in range(n):
+            row = i * n + j
+            rlen = 1 + (row * 7) % R
+            ids[row, P - plen : P] = prompt
+            ids[row, P : P + rlen] = torch.randint(3, vocab, (rlen,), generator=g)
+            mask[row, P - plen : P + rlen] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return DataProto.from_dict(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": pos,
+            "responses": ids[:, P:],
+            "response_mask": mask[:, P:],
+            "old_log_probs": -2.0 * torch.ones(prompts * n, R),
+            "advantages": torch.randn(prompts * n, R, generator=g),
         }
     )

@@ -123,7 +123,13 @@ class EngineWorker(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def load(
-        self, name: str, model_path: str, optim: Optional[Any] = None, kind: str = "causal_lm", dtype: str = "float32"
+        self,
+        name: str,
+        model_path: str,
+        optim: Optional[Any] = None,
+        kind: str = "causal_lm",
+        dtype: str = "float32",
+        shared_prefix: bool = True,
     ) -> tuple:
         quiet_libraries()
         set_threads(None)
@@ -139,6 +145,7 @@ class EngineWorker(Worker):
             device=device,
             dtype=dtype,
             parallel=self.parallel,
+            shared_prefix=shared_prefix,
         )
         self.engines[name] = load_engine("megatron", "train")(cfg)
         return self.engines[name].data_parallel_info()
@@ -157,13 +164,13 @@ class EngineWorker(Worker):
         self.engines[name].export_hf(path)
 
     @register(Dispatch.ONE_TO_ALL)
-    def train(self, name: str, batch: DataProto) -> Dict[str, float]:
+    def train(self, name: str, batch: DataProto, micro_batch_size: int = 2) -> Dict[str, float]:
         def nll(out, mb):
             mask = mb.batch["response_mask"]
             loss = -(out["log_probs"] * mask).sum() / mask.sum()
             return loss, {"nll": float(loss)}
 
-        return self.engines[name].train_step(batch, nll, micro_batch_size=2)
+        return self.engines[name].train_step(batch, nll, micro_batch_size=micro_batch_size)
 
     @register(Dispatch.ONE_TO_ALL)
     def save(self, name: str, path: str) -> None:

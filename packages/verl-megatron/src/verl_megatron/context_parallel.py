@@ -118,11 +118,11 @@ class AllGatherContextAttention(DotProductAttention):
         attention_bias: Optional[torch.Tensor] = None,
         packed_seq_params: Any = None,
     ) -> torch.Tensor:
-        if attention_mask is not None:
-            raise ValueError("context-parallel attention builds its own causal mask; the engine passes none")
         local = query.shape[0]  # [s/cp, b, heads, head_dim]
         seq_len = local * self.cp
         # Backward sums each rank's key/value gradients back to the rank that owns the tokens.
         key, value = gather_sequence(key, self.cp_group), gather_sequence(value, self.cp_group)
-        masked = causal_mask(seq_len, self.cp, self.cp_rank, query.device)
+        # Padded rows: causal over global positions. Packed rows bring their own mask, [b, 1, s/cp, s] over this
+        # rank's queries and the keys in gathered (rank) order.
+        masked = causal_mask(seq_len, self.cp, self.cp_rank, query.device) if attention_mask is None else attention_mask
         return super().forward(query, key, value, masked, attn_mask_type, attention_bias, packed_seq_params)

@@ -11,6 +11,7 @@ Weights enter from HF safetensors and leave as HF tensors (streamed one at a tim
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -20,12 +21,15 @@ import torch.distributed as dist
 from verl import engine_parts as parts
 from verl.engine import EngineConfig, LossFn, Metrics
 from verl.protocol import DataProto
+from verl.utils.shared_prefix import attention_weight_of, pack_shared_prefixes
 from verl_megatron import cpu_compat, torch_adam_fix
 from verl_megatron.context_parallel import chunk_positions, local_index, sum_over_group
 from verl_megatron.convert import PipelineSplit, SafetensorsFolder, dims_of, plan
 from verl_megatron.parallel import init_model_parallel, sequence_parallel
-from verl_megatron.sequences import pack, take
+from verl_megatron.sequences import Rows, packed_rows, pad_rows, padded_rows
 from verl_megatron.weights import SyncStats, generation_groups, hf_shapes, load_hf, stream_hf, unwrap
+
+logger = logging.getLogger(__name__)
 
 
 class MegatronEngine:
@@ -53,6 +57,11 @@ class MegatronEngine:
         # Sequence parallelism splits a sequence over tp ranks, context parallelism into 2*cp chunks.
         self.seq_multiple = (layout.tp if self.sequence_parallel else 1) * (2 * layout.cp if layout.cp > 1 else 1)
         self.te = transformer_engine_available(cfg.device)
+        if cfg.shared_prefix and self.te:
+            logger.warning(
+                "model.shared_prefix: TransformerEngine's attention takes no packed-row mask here, so this engine "
+                "computes padded rows (megatron's local attention packs them)"
+            )
         self.config = transformer_config(
             self.hf_config,
             layout,
@@ -77,6 +86,7 @@ class MegatronEngine:
         self._shapes: Optional[Dict[str, torch.Size]] = None
         self._gen_groups: Dict[int, Any] = {}
         self.last_sync = SyncStats()
+        self._tokens = [0, 0, 0]  # this step's tokens: real, in the padded layout, computed (packed rows' count)
         self.optimizer = None
         self.state = parts.TrainState()
         if cfg.optim is not None:
@@ -158,22 +168,21 @@ class MegatronEngine:
     ) -> Dict[str, torch.Tensor]:
         """Per-token outputs aligned with `responses` from the last stage's hidden states [b, s, h]."""
         if self.layout.cp == 1:
-            return self._head(
-                model, take(hidden, mb["predict_index"]), mb["labels"], temperature, entropy, entropy_grad
-            )
+            h = hidden[mb["hidden_row"], mb["predict_index"]]  # [B, R, h]
+            return _zero_past(self._head(model, h, mb["labels"], temperature, entropy, entropy_grad), mb)
         from megatron.core import parallel_state as mpu
 
         # This rank predicts the response tokens whose predicting position it holds; the group sums the pieces.
         where = mb["local_index"]
         rows, cols = (where >= 0).nonzero(as_tuple=True)
-        h = hidden[rows, where[rows, cols]][None]
+        h = hidden[mb["hidden_row"][rows, cols], where[rows, cols]][None]
         local = self._head(model, h, mb["labels"][rows, cols][None], temperature, entropy, entropy_grad)
         group = mpu.get_context_parallel_group()
         full = {}
         for key, value in local.items():
             placed = value.new_zeros(where.shape).index_put((rows, cols), value[0])
             full[key] = sum_over_group(placed, group)
-        return full
+        return _zero_past(full, mb)
 
     def _head(
         self,
@@ -214,18 +223,64 @@ class MegatronEngine:
             out["entropy"] = ent.float()
         return out
 
-    def _pack(self, mb: DataProto) -> Dict[str, torch.Tensor]:
-        """The model inputs of one micro-batch on this rank (its context-parallel part of each sequence)."""
+    def _rows(self, mb: DataProto) -> Rows:
+        """One micro-batch's rows: packed by shared prompt (model.shared_prefix, local attention: the mask is an
+        input) where that pays, else padded."""
         b = mb.batch
-        p = pack(b["input_ids"], b["attention_mask"], b["responses"], multiple=self.seq_multiple)
-        out = {"input_ids": p.input_ids, "position_ids": p.position_ids, "predict_index": p.predict_index}
+        if self.cfg.shared_prefix and not self.te:
+            positions = b["position_ids"] if "position_ids" in b.keys() else _positions(b["attention_mask"])
+            r = b["responses"].shape[1]
+            weight = attention_weight_of(self.hf_config)
+            prefix_pack = pack_shared_prefixes(b["input_ids"], b["attention_mask"], positions, r, weight)
+            if prefix_pack is not None:
+                return packed_rows(prefix_pack, b["responses"])
+        return padded_rows(b["input_ids"], b["attention_mask"], b["responses"], self.seq_multiple)
+
+    def _layouts(self, micro: List[DataProto]) -> List[Rows]:
+        """Each micro-batch's rows, shaped as the schedule needs: with pipeline stages every micro-batch has one
+        shape (packed micro-batches grown to the largest; padded ones for all when any does not pack), and
+        lengths are multiples of what sequence and context parallelism split."""
+        rows = [self._rows(mb) for mb in micro]
+        self._tokens[0] += sum(int(mb.batch["attention_mask"].sum()) for mb in micro)
+        self._tokens[1] += sum(mb.batch["input_ids"].numel() for mb in micro)
+        if self.layout.pp > 1 and any(r.mask is None for r in rows):
+            b = [mb.batch for mb in micro]
+            rows = [padded_rows(x["input_ids"], x["attention_mask"], x["responses"], self.seq_multiple) for x in b]
+        multiple = self.seq_multiple
+        if self.layout.pp > 1:
+            count = max(r.input_ids.shape[0] for r in rows)
+            length = -(-max(r.input_ids.shape[1] for r in rows) // multiple) * multiple
+            rows = [pad_rows(r, count, length) if r.mask is not None else r for r in rows]
+        else:
+            rows = [
+                pad_rows(r, r.input_ids.shape[0], -(-r.input_ids.shape[1] // multiple) * multiple)
+                if r.mask is not None
+                else r
+                for r in rows
+            ]
+        self._tokens[2] += sum(r.input_ids.numel() for r in rows)
+        return rows
+
+    def _inputs(self, rows: Rows) -> Dict[str, Any]:
+        """The model inputs of one micro-batch on this rank (its context-parallel part of each sequence)."""
+        out = {
+            "input_ids": rows.input_ids,
+            "position_ids": rows.position_ids,
+            "attention_mask": rows.mask,
+            "hidden_row": rows.hidden_row,
+            "predict_index": rows.predict_index,
+            "valid": rows.valid,
+            "labels": rows.labels,
+        }
         if self.layout.cp > 1:
-            seq, cp, rank = p.input_ids.shape[1], self.layout.cp, self.layout.cp_rank
+            seq, cp, rank = rows.input_ids.shape[1], self.layout.cp, self.layout.cp_rank
             mine = chunk_positions(seq, cp, rank)
-            out.update(input_ids=p.input_ids[:, mine], position_ids=p.position_ids[:, mine])
-            out["local_index"] = local_index(p.predict_index, seq, cp, rank)
-        out["labels"] = p.labels
-        return {k: v.to(self.device) for k, v in out.items()}
+            out.update(input_ids=rows.input_ids[:, mine], position_ids=rows.position_ids[:, mine])
+            if rows.mask is not None:  # this rank's queries over the keys as the group gathers them (rank order)
+                keys = torch.cat([chunk_positions(seq, cp, r) for r in range(cp)])
+                out["attention_mask"] = rows.mask[:, :, mine][:, :, :, keys]
+            out["local_index"] = local_index(rows.predict_index, seq, cp, rank)
+        return {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in out.items()}
 
     def _run(
         self,
@@ -241,12 +296,12 @@ class MegatronEngine:
         whose returned loss (None: no backward) is what the schedule differentiates."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        packed = [self._pack(mb) for mb in micro]
+        packed = [self._inputs(rows) for rows in self._layouts(micro)]
         n = len(micro)
 
         def forward_step(data_iterator, model):
             i, mb = next(data_iterator)
-            out = model(mb["input_ids"], mb["position_ids"], None)
+            out = model(mb["input_ids"], mb["position_ids"], mb["attention_mask"])
 
             def loss_func(hidden: torch.Tensor):
                 grad = entropy_grad and not forward_only
@@ -267,7 +322,7 @@ class MegatronEngine:
             model=self.chunks if len(self.chunks) > 1 else self.chunks[0],
             num_microbatches=n,
             seq_length=seq,
-            micro_batch_size=len(micro[0]),
+            micro_batch_size=packed[0]["input_ids"].shape[0],
             forward_only=forward_only,
         )
 
@@ -316,8 +371,10 @@ class MegatronEngine:
 
         # Tokens are counted over the data-parallel replicas (TP/PP/CP peers hold the same rows).
         acc = parts.Accumulator.for_batch(batch, loss_fn, group=mpu.get_data_parallel_group())
+        self._tokens = [0, 0, 0]
+        micro = self._micro_batches(batch, micro_batch_size)
         self._run(
-            self._micro_batches(batch, micro_batch_size),
+            micro,
             forward_only=False,
             on_outputs=lambda outputs, mb, i: acc(outputs, mb),
             **forward,
@@ -325,7 +382,13 @@ class MegatronEngine:
         step = parts.optimizer_step(
             self.state, self.optimizer, self.cfg, grad_norm=self._grad_norm, update=self._update
         )
-        return {**self._from_last_stage(acc.totals), **step}
+        real, padded, computed = self._tokens
+        layout = {
+            "micro_batches": float(len(micro)),
+            "padding_fraction": 1.0 - real / max(padded, 1),  # of the padded rows
+            "computed_tokens_ratio": computed / max(padded, 1),  # what the model ran over, packed, vs padded
+        }
+        return {**self._from_last_stage(acc.totals), **step, **layout}
 
     def _grad_norm(self) -> float:
         """Megatron's step up to the norm: gradients to the main params, the global norm over TP/PP/DP."""
@@ -358,6 +421,7 @@ class MegatronEngine:
         if gen_tp not in self._gen_groups:
             self._gen_groups[gen_tp] = generation_groups(self.layout, gen_tp)
         self.last_sync = SyncStats()
+        self._tokens = [0, 0, 0]  # this step's tokens: real, in the padded layout, computed (packed rows' count)
         return stream_hf(
             self.chunks,
             self.placements,
@@ -451,3 +515,16 @@ class MegatronEngine:
                 pass
 
         parts.export_then_barrier(write, others=take_part)
+
+
+def _zero_past(outputs: Dict[str, torch.Tensor], mb: Dict[str, Any]) -> Dict[str, torch.Tensor]:
+    """Packed rows hold no position past a response's end: outputs there are 0 (padded rows compute them)."""
+    valid = mb["valid"]
+    if valid is None:
+        return outputs
+    return {k: v * valid.to(v.dtype) for k, v in outputs.items()}
+
+
+def _positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's position ids of left-padded rows: 0 at each row's first real token."""
+    return (attention_mask.long().cumsum(1) - 1).clamp(min=0)

@@ -147,6 +147,16 @@ class GPTHidden(GPTModel):
 
     value_head: Optional[torch.nn.Linear]
 
+    def _preprocess(self, input_ids: torch.Tensor, position_ids: torch.Tensor, *args: Any, **kwargs: Any) -> tuple:
+        """GPTModel's, with RoPE at each token's own position (`position_ids`) instead of its index in the
+        sequence: packed rows restart positions inside a row, and a context-parallel rank's tokens are chunks."""
+        out = super()._preprocess(input_ids, position_ids, *args, **kwargs)
+        if out[1] is None or position_ids is None or self.position_embedding_type != "rope":
+            return out
+        table = self.rotary_pos_emb.get_emb(int(position_ids.max()) + 1)  # [positions, 1, 1, dim]
+        emb = table[position_ids.to(table.device)][:, :, 0].transpose(0, 1)  # [s, b, 1, dim]
+        return (out[0], emb, *out[2:])
+
     def _postprocess(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if not self.post_process:
             return hidden_states  # [s, b, h], sent to the next pipeline stage

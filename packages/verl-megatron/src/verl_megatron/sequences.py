@@ -5,11 +5,16 @@ Each row is rotated so its first real token sits at position 0: the real tokens 
 lies after every real token, where causal attention never looks). So megatron's positional RoPE, the local
 attention's default causal mask and TransformerEngine's/flash causal kernels all compute what HF computes with
 its padding mask.
+
+Packed rows (`model.shared_prefix`, local attention): the micro-batch packed by shared prompt as the FSDP engine
+packs it (verl.utils.shared_prefix: each prompt once, its samples after it, no padding), with the pack's mask given
+to the model as its attention mask; outputs are gathered back to [B, R] from the packed positions.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 
@@ -57,6 +62,54 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: torch
     )
 
 
-def take(hidden: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """hidden [B, S, H] at positions index [B, R] -> [B, R, H]."""
-    return torch.gather(hidden, 1, index[..., None].expand(-1, -1, hidden.shape[-1]))
+@dataclass(frozen=True)
+class Rows:
+    """One micro-batch as the model runs it: padded rows (causal mask) or packed rows (their own mask)."""
+
+    input_ids: torch.Tensor  # [G, L]
+    position_ids: torch.Tensor  # [G, L]
+    mask: Optional[torch.Tensor]  # [G, 1, L, L] True where a query may NOT see a key (megatron's convention); None:
+    # causal
+    hidden_row: torch.Tensor  # [B, R] the row whose hidden state predicts responses[b, t]
+    predict_index: torch.Tensor  # [B, R] its position in that row
+    valid: Optional[torch.Tensor]  # [B, R] False past a packed row's response (outputs zeroed there); None: all
+    labels: torch.Tensor  # [B, R]
+
+
+def padded_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: torch.Tensor, multiple: int) -> Rows:
+    """The padded layout (`pack`): a row per sample, rotated so its real tokens start at 0."""
+    p = pack(input_ids, attention_mask, responses, multiple)
+    rows = torch.arange(input_ids.shape[0], device=input_ids.device)[:, None].expand_as(p.predict_index)
+    return Rows(p.input_ids, p.position_ids, None, rows, p.predict_index, None, p.labels)
+
+
+def packed_rows(prefix_pack: Any, responses: torch.Tensor) -> Rows:
+    """A shared-prefix pack (verl.utils.shared_prefix.PrefixPack) in megatron's terms: its mask inverted."""
+    p = prefix_pack
+    return Rows(p.input_ids, p.position_ids, ~p.allowed, p.rows, p.cols, p.valid, responses)
+
+
+def pad_rows(rows: Rows, count: int, length: int) -> Rows:
+    """`rows` grown to [count, length] (the pipeline schedule sends one shape for every micro-batch; sequence and
+    context parallelism split lengths evenly): added tokens see only themselves and are never read."""
+    g, s = rows.input_ids.shape
+    if (g, s) == (count, length):
+        return rows
+    if rows.mask is None:
+        raise ValueError("only packed rows are padded here (padded rows are sized by `pack`)")
+    grow = (0, length - s, 0, count - g)
+    mask = torch.ones(count, 1, length, length, dtype=torch.bool, device=rows.mask.device)
+    mask[:g, :, :s, :s] = rows.mask
+    idx = torch.arange(length, device=mask.device)
+    fresh = torch.ones(count, length, dtype=torch.bool, device=mask.device)
+    fresh[:g, :s] = False
+    mask[:, 0, idx, idx] &= ~fresh  # a padding query sees itself, so its softmax has a key
+    return Rows(
+        torch.nn.functional.pad(rows.input_ids, grow),
+        torch.nn.functional.pad(rows.position_ids, grow),
+        mask,
+        rows.hidden_row,
+        rows.predict_index,
+        rows.valid,
+        rows.labels,
+    )

@@ -398,10 +398,12 @@ def lora_rank(cfg: DictConfig, role: str) -> int:
 
 
 def _shared_prefix_roles(cfg: DictConfig, layouts) -> Tuple[str, ...]:
-    """The FSDP roles that pack their rows (the megatron engine computes padded rows)."""
+    """The roles that pack their rows (fsdp; megatron with its local attention: with TransformerEngine's it
+    computes padded rows and warns)."""
     if not value(cfg, "model.shared_prefix"):
         return ()
-    return tuple(lay.role for lay in layouts if lay.role in ("actor", "ref", "critic") and lay.backend == "fsdp")
+    packing = ("fsdp", "megatron")
+    return tuple(lay.role for lay in layouts if lay.role in ("actor", "ref", "critic") and lay.backend in packing)
 
 
 def _threads(cfg: DictConfig, plan: Plan) -> dict:
