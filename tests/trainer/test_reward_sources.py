@@ -123,10 +123,14 @@ def test_scores_that_do_not_come_are_the_default_score(tmp_path):
     assert metrics[0]["reward/server_missing"] == 8 and metrics[0]["reward/score/mean"] == 0.5
 
 
-def test_a_reward_model_with_its_own_tokenizer_scores_a_grpo_run(tmp_path):
+@pytest.mark.parametrize("where", ["driver", "hybrid pool"])
+def test_a_reward_model_with_its_own_tokenizer_scores_a_grpo_run(tmp_path, where):
+    """In the driver, or as the reward role listed in the hybrid pool: a worker of its own beside the actor's (here
+    in this process)."""
     from tests.support.fixtures import build_reward_model
 
     rm = build_reward_model(tmp_path / "rm")
+    placed = ["placement.pools=[{name: hybrid, roles: [actor, rollout, ref, reward]}]"] if where != "driver" else []
     cfg = tiny_config(
         "grpo_tiny",
         str(tmp_path / "run"),
@@ -134,13 +138,13 @@ def test_a_reward_model_with_its_own_tokenizer_scores_a_grpo_run(tmp_path):
         "rollout.n=4",
         "reward.fn=null",
         f"reward.model={{_target_: verl.reward.hf_model.HFRewardModel, path: {rm}, batch_size: 8}}",
+        *placed,
         steps=1,
     )
-    _, metrics = fit(cfg)
-    for m in metrics:
-        assert m["reward/score/mean"] == pytest.approx(m["reward/model_score/mean"], abs=1e-6)
-        assert m["reward/score/max"] > m["reward/score/min"]  # the model tells the samples apart
-        assert m["actor/pg_loss"] != 0 or m["actor/grad_norm"] > 0
+    _, (m,) = fit(cfg)
+    assert m["reward/score/mean"] == pytest.approx(m["reward/model_score/mean"], abs=1e-6)
+    assert m["reward/score/max"] > m["reward/score/min"]  # the model tells the samples apart
+    assert m["actor/pg_loss"] != 0 or m["actor/grad_norm"] > 0
 
 
 def test_a_reward_model_on_a_pool_of_its_own_scores_as_in_the_driver(tmp_path):
@@ -175,26 +179,6 @@ def test_a_reward_model_on_a_pool_of_its_own_scores_as_in_the_driver(tmp_path):
         trainer.close()
     with open(tmp_path / "run" / "logs" / "metrics.jsonl") as f:
         (m,) = [json.loads(line) for line in f]
-    assert m["reward/score/mean"] == pytest.approx(m["reward/model_score/mean"], abs=1e-6)
-    assert m["reward/score/max"] > m["reward/score/min"]
-
-
-def test_a_reward_model_sharing_the_actors_device_scores_a_run(tmp_path):
-    """The reward role listed in the hybrid pool: a worker of its own beside the actor's (here in this process)."""
-    from tests.support.fixtures import build_reward_model
-
-    rm = build_reward_model(tmp_path / "rm")
-    cfg = tiny_config(
-        "grpo_tiny",
-        str(tmp_path / "run"),
-        "trainer.controller=local",
-        "rollout.n=4",
-        "reward.fn=null",
-        f"reward.model={{_target_: verl.reward.hf_model.HFRewardModel, path: {rm}}}",
-        "placement.pools=[{name: hybrid, roles: [actor, rollout, ref, reward]}]",
-        steps=1,
-    )
-    _, (m,) = fit(cfg)
     assert m["reward/score/mean"] == pytest.approx(m["reward/model_score/mean"], abs=1e-6)
     assert m["reward/score/max"] > m["reward/score/min"]
 
