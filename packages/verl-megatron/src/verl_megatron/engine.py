@@ -223,11 +223,11 @@ class MegatronEngine:
             out["entropy"] = ent.float()
         return out
 
-    def _rows(self, mb: DataProto) -> Rows:
+    def _rows(self, mb: DataProto, pack: bool = True) -> Rows:
         """One micro-batch's rows: packed by shared prompt (model.shared_prefix, local attention: the mask is an
-        input) where that pays, else padded."""
+        input) where that pays and `pack` allows, else padded."""
         b = mb.batch
-        if self.cfg.shared_prefix and not self.te:
+        if pack and self.cfg.shared_prefix and not self.te:
             positions = b["position_ids"] if "position_ids" in b.keys() else _positions(b["attention_mask"])
             r = b["responses"].shape[1]
             weight = attention_weight_of(self.hf_config)
@@ -244,20 +244,19 @@ class MegatronEngine:
         self._tokens[0] += sum(int(mb.batch["attention_mask"].sum()) for mb in micro)
         self._tokens[1] += sum(mb.batch["input_ids"].numel() for mb in micro)
         if self.layout.pp > 1 and any(r.mask is None for r in rows):
-            b = [mb.batch for mb in micro]
-            rows = [padded_rows(x["input_ids"], x["attention_mask"], x["responses"], self.seq_multiple) for x in b]
-        multiple = self.seq_multiple
+            rows = [self._rows(mb, pack=False) for mb in micro]
+
+        def fit(length: int) -> int:  # (padded rows are sized so by `pack` already)
+            return -(-length // self.seq_multiple) * self.seq_multiple
+
+        # with pipeline stages, one shape for every micro-batch (the schedule sends one)
+        common = None
         if self.layout.pp > 1:
-            count = max(r.input_ids.shape[0] for r in rows)
-            length = -(-max(r.input_ids.shape[1] for r in rows) // multiple) * multiple
-            rows = [pad_rows(r, count, length) if r.mask is not None else r for r in rows]
-        else:
-            rows = [
-                pad_rows(r, r.input_ids.shape[0], -(-r.input_ids.shape[1] // multiple) * multiple)
-                if r.mask is not None
-                else r
-                for r in rows
-            ]
+            common = max(r.input_ids.shape[0] for r in rows), fit(max(r.input_ids.shape[1] for r in rows))
+        rows = [
+            r if r.mask is None else pad_rows(r, *(common or (r.input_ids.shape[0], fit(r.input_ids.shape[1]))))
+            for r in rows
+        ]
         self._tokens[2] += sum(r.input_ids.numel() for r in rows)
         return rows
 
