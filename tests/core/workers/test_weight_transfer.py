@@ -4,6 +4,7 @@ dtype and shape, across bucket boundaries and with tensors larger than a bucket.
 
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
 import queue
 
@@ -37,7 +38,11 @@ def _member(rank: int, port: int, bucket: int, out: "mp.Queue") -> None:
         return
     stats = TransferStats()
     got = {name: t.clone() for name, t in receive_weights(group, torch.device("cpu"), stats)}
-    out.put((rank, stats.bytes, stats.buckets, (stats.version, got)))
+    # Tensors put on a queue travel as shared-memory handles that the receiver opens through this process, which
+    # may have exited by then: send them serialized, by value.
+    buffer = io.BytesIO()
+    torch.save(got, buffer)
+    out.put((rank, stats.bytes, stats.buckets, (stats.version, buffer.getvalue())))
 
 
 def test_every_tensor_arrives_bitwise_in_buckets(bucket=1024):
@@ -63,7 +68,8 @@ def test_every_tensor_arrives_bitwise_in_buckets(bucket=1024):
     assert sent_bytes == total
     assert sent_buckets == 4  # 1 KiB buckets: embed | norm, odd | big (larger than a bucket) | the rest
     for rank in (1, 2):
-        nbytes, buckets, (version, got) = results[rank]
+        nbytes, buckets, (version, saved) = results[rank]
+        got = torch.load(io.BytesIO(saved))
         assert (nbytes, buckets, version) == (total, sent_buckets, 5)
         assert list(got) == list(want)  # in the sender's order
         for name, tensor in want.items():
