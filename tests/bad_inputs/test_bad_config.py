@@ -86,10 +86,10 @@ CASES = [
         "at least 24",
     ),
     (
-        "token_budget_on_megatron",
-        ["actor.backend=megatron", "actor.log_prob_max_tokens_per_device=512"],
+        "token_budget_below_a_row_on_megatron",
+        ["actor.backend=megatron", "actor.log_prob_max_tokens_per_device=12"],
         "actor.log_prob_max_tokens_per_device",
-        "fsdp engine feature",
+        "at least 24",
     ),
     (
         "lora_on_megatron",

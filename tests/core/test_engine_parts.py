@@ -48,15 +48,32 @@ def test_a_token_weighted_loss_weighs_micro_batches_by_their_tokens():
     assert sum(weighted) == pytest.approx((1 + 2 + 3) / 3) and acc.totals["loss"] == pytest.approx(2.0)
 
 
+def _rows_of(lengths: list) -> DataProto:
+    mask = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    for row, n in enumerate(lengths):
+        mask[row, :n] = 1
+    return DataProto.from_dict({"attention_mask": mask, "row": torch.arange(len(lengths))})
+
+
 def test_token_budget_micro_batches_by_hand():
     """Rows of 3, 5, 2, 4 and 9 tokens under a budget of 8: [3, 5], [2, 4], [9] (over the budget: alone)."""
-    mask = torch.zeros(5, 10, dtype=torch.long)
-    for row, n in enumerate([3, 5, 2, 4, 9]):
-        mask[row, :n] = 1
-    batch = DataProto.from_dict({"attention_mask": mask, "row": torch.arange(5)})
+    batch = _rows_of([3, 5, 2, 4, 9])
     pieces = micro_batches(batch, micro_batch_size=2, max_tokens=8)
     assert [p.batch["row"].tolist() for p in pieces] == [[0, 1], [2, 3], [4]]
     assert [len(p) for p in micro_batches(batch, micro_batch_size=2)] == [2, 2, 1]  # no budget: by rows
+
+
+def test_token_budget_micro_batches_are_balanced_and_come_in_multiples():
+    """As few micro-batches as the budget needs, the tokens balanced over them: rows of 6, 1, 1, 6 under 8 are
+    [6, 1], [1, 6] (filling up to the budget would give [6, 1, 1], [6]); rounded up to a multiple of 2 for an
+    interleaved pipeline, 3, 5, 2, 4, 9 make [3], [5], [2, 4], [9] (the largest pieces as small as 4 allow)."""
+    rows = lambda pieces: [p.batch["row"].tolist() for p in pieces]  # noqa: E731
+    assert rows(micro_batches(_rows_of([6, 1, 1, 6]), 1, max_tokens=8)) == [[0, 1], [2, 3]]
+    assert rows(micro_batches(_rows_of([3, 5, 2, 4, 9]), 1, max_tokens=8, multiple=2)) == [[0], [1], [2, 3], [4]]
+    # 3 asked, but a cap of 4 makes 2 and one of 3 makes 4: the piece of most tokens with rows to part is halved
+    assert rows(micro_batches(_rows_of([2, 2, 2, 2]), 1, max_tokens=8, multiple=3)) == [[0], [1], [2, 3]]
+    with pytest.raises(ValueError, match="cannot make 2 micro-batches"):
+        micro_batches(_rows_of([4]), 1, max_tokens=8, multiple=2)
 
 
 def test_a_non_finite_norm_skips_the_update_but_not_the_schedule():

@@ -165,10 +165,12 @@ def test_micro_batching_does_not_change_the_step(backend, world, llama):
         torch.testing.assert_close(w, w2[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("split", ["rows", "tokens"])
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
-def test_micro_batches_of_unequal_lengths_take_the_whole_batchs_step(backend, world, llama, mode):
+def test_micro_batches_of_unequal_lengths_take_the_whole_batchs_step(backend, world, llama, mode, split):
     """The actor's loss in each aggregation mode, over responses of 1..R tokens split into micro-batches of
-    unequal token counts (4 rows, then 2), takes the step of one forward over the whole batch."""
+    unequal token counts (by rows: 4, then 2; by a budget of 22 tokens: 3 micro-batches of 18, 19 and 19),
+    takes the step of one forward over the whole batch; log-probs under the budget are the whole batch's."""
     from verl.config.schema import ActorConfig
     from verl.workers.losses import actor_loss_fn
 
@@ -183,8 +185,15 @@ def test_micro_batches_of_unequal_lengths_take_the_whole_batchs_step(backend, wo
     loss = actor_loss_fn(ActorConfig(ppo_mini_batch_size=1, loss_agg_mode=mode))
     optim = OptimConfig(lr=LR, eps=1.0, weight_decay=0.0)  # eps=1: weights compare gradients (see above)
     whole, micro = make(backend, llama, optim=optim), make(backend, llama, optim=optim)
+    cut = {"micro_batch_size": 4} if split == "rows" else {"micro_batch_size": 1, "max_tokens": 2 * (P + R)}
+    real = b["response_mask"].bool()
+    lp1 = whole.infer(batch, micro_batch_size=6).batch["log_probs"][real]
+    lp2 = micro.infer(batch, **cut).batch["log_probs"][real]
+    torch.testing.assert_close(lp2, lp1, **TOL)
     m1 = whole.train_step(batch, loss, micro_batch_size=6)
-    m2 = micro.train_step(batch, loss, micro_batch_size=4)
+    m2 = micro.train_step(batch, loss, **cut)
+    if split == "tokens":
+        assert m2["micro_batches"] == 3.0
     assert m1["pg_loss"] == pytest.approx(m2["pg_loss"], rel=1e-5, abs=1e-7)
     assert m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
     w2 = weights(micro)

@@ -181,6 +181,28 @@ def test_packed_rows_give_the_padded_rows_outputs_and_step(workers, models, para
         torch.testing.assert_close(weights[True][key], tensor, rtol=0, atol=1e-6, msg=key)
 
 
+def test_pp2_token_budget_micro_batches_take_the_whole_batchs_step(workers, models):
+    """Token-budget micro-batches through the pipeline schedule: 12 GRPO rows cut by 24 tokens into micro-batches
+    of unequal row counts, each grown to the largest's shape (packed rows, and padded rows), give the log-probs
+    (1e-5) and one step's weights (1e-6, Adam eps=1) of the whole batch as one micro-batch."""
+    batch = grouped_batch(prompts=3, n=4, vocab=83)
+    valid = batch.batch["response_mask"].bool()
+    with workers({"pp": 2}) as group:
+        for packed in (True, False):
+            outs, weights, counts = [], [], []
+            for cut in ({"micro_batch_size": 12}, {"micro_batch_size": 1, "max_tokens": 24}):
+                name = f"packed={packed} {cut}"
+                group.call("load", name, models["llama"], OptimConfig(lr=1e-2, eps=1.0), shared_prefix=packed)
+                outs.append(group.call("infer", name, batch, **cut)[0])
+                counts.append(group.call("train", name, batch, **cut)[0]["micro_batches"])
+                weights.append(group.call("hf_weights", name)[0])
+            assert counts[0] == 1 and counts[1] >= 4, counts
+            for key in ("log_probs", "entropy"):
+                torch.testing.assert_close(outs[1][key][valid], outs[0][key][valid], rtol=0, atol=1e-5, msg=key)
+            for key, tensor in weights[0].items():
+                torch.testing.assert_close(weights[1][key], tensor, rtol=0, atol=1e-6, msg=key)
+
+
 def test_pp2_cp2_log_probs_and_critic_values_match_hf(workers, models, tmp_path):
     """Context parallelism across pipeline stages: the actor's log-probs and a critic's values (its fresh head
     exported with the model) equal the HF model's."""

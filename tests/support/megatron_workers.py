@@ -155,8 +155,10 @@ class EngineWorker(Worker):
         return {k: v.cpu().clone() for k, v in self.engines[name].weights(gen_tp)}
 
     @register(Dispatch.ONE_TO_ALL)
-    def infer(self, name: str, batch: DataProto, micro_batch_size: int = 2) -> Dict[str, torch.Tensor]:
-        out = self.engines[name].infer(batch, micro_batch_size=micro_batch_size, entropy=True)
+    def infer(
+        self, name: str, batch: DataProto, micro_batch_size: int = 2, max_tokens: Optional[int] = None
+    ) -> Dict[str, torch.Tensor]:
+        out = self.engines[name].infer(batch, micro_batch_size=micro_batch_size, entropy=True, max_tokens=max_tokens)
         return {k: v.cpu() for k, v in out.batch.items()}
 
     @register(Dispatch.ONE_TO_ALL)
@@ -164,13 +166,16 @@ class EngineWorker(Worker):
         self.engines[name].export_hf(path)
 
     @register(Dispatch.ONE_TO_ALL)
-    def train(self, name: str, batch: DataProto, micro_batch_size: int = 2) -> Dict[str, float]:
+    def train(
+        self, name: str, batch: DataProto, micro_batch_size: int = 2, max_tokens: Optional[int] = None
+    ) -> Dict[str, float]:
         def nll(out, mb):
             mask = mb.batch["response_mask"]
             loss = -(out["log_probs"] * mask).sum() / mask.sum()
             return loss, {"nll": float(loss)}
 
-        return self.engines[name].train_step(batch, nll, micro_batch_size=micro_batch_size)
+        nll.weight_by = "tokens"  # a token mean: micro-batches weigh their tokens, however the batch is cut
+        return self.engines[name].train_step(batch, nll, micro_batch_size=micro_batch_size, max_tokens=max_tokens)
 
     @register(Dispatch.ONE_TO_ALL)
     def save(self, name: str, path: str) -> None:

@@ -29,20 +29,46 @@ from verl.utils.lr_schedule import lr_multiplier
 from verl.utils.rng import get_rng_state, safe_load, set_rng_state
 
 
-def micro_batches(batch: DataProto, micro_batch_size: int, max_tokens: Optional[int] = None) -> List[DataProto]:
+def micro_batches(
+    batch: DataProto, micro_batch_size: int, max_tokens: Optional[int] = None, *, multiple: int = 1
+) -> List[DataProto]:
     """`batch` cut into micro-batches: of `micro_batch_size` rows, or, with `max_tokens`, of consecutive rows
     holding at most that many tokens (attention-mask ones; a row over the budget alone). Consecutive, so the
-    samples of a prompt stay together (shared-prefix packing) and outputs come back in order."""
+    samples of a prompt stay together (shared-prefix packing) and outputs come back in order.
+
+    Under a budget: as few micro-batches as it allows, rounded up to a multiple of `multiple` (an interleaved
+    pipeline schedule runs them in groups), with tokens balanced over them (the largest holds as few as any
+    split into that many can): pipeline stages run every micro-batch at the largest one's shape."""
     if max_tokens is None:
         return batch.split(micro_batch_size)
     lengths = batch.batch["attention_mask"].sum(-1).tolist()
+    want = -(-len(_token_pieces(lengths, max_tokens)) // multiple) * multiple
+    if multiple > 1 and want > len(lengths):
+        raise ValueError(
+            f"{len(lengths)} rows cannot make {want} micro-batches (a multiple of {multiple}, which the interleaved "
+            "pipeline schedule needs); use more rows or parallel.vpp=null"
+        )
+    lo, hi = 1, max_tokens  # the smallest cap that still needs no more pieces than the budget does
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if len(_token_pieces(lengths, mid)) <= want else (mid + 1, hi)
+    pieces = _token_pieces(lengths, lo)
+    while len(pieces) < want:  # (rounded up to the multiple) halve the piece of most tokens that has rows to part
+        i = max((j for j, (a, b) in enumerate(pieces) if b - a > 1), key=lambda j: sum(lengths[slice(*pieces[j])]))
+        a, b = pieces[i]
+        pieces[i : i + 1] = [(a, (a + b) // 2), ((a + b) // 2, b)]
+    return [batch[a:b] for a, b in pieces]
+
+
+def _token_pieces(lengths: List[int], cap: int) -> List[tuple]:
+    """(start, end) of consecutive rows, each piece filled up to `cap` tokens; a row over `cap` alone."""
     pieces, start, used = [], 0, 0
     for i, n in enumerate(lengths):
-        if i > start and used + n > max_tokens:
-            pieces.append(batch[start:i])
+        if i > start and used + n > cap:
+            pieces.append((start, i))
             start, used = i, 0
         used += n
-    pieces.append(batch[start : len(lengths)])
+    pieces.append((start, len(lengths)))
     return pieces
 
 

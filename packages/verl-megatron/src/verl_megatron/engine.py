@@ -140,14 +140,20 @@ class MegatronEngine:
         return self.layout.dp_rank, self.layout.dp, self.layout.collect
 
     # ---- forward ---------------------------------------------------------------------------------------
-    def _micro_batches(self, batch: DataProto, micro_batch_size: int) -> List[DataProto]:
+    def _micro_batches(
+        self, batch: DataProto, micro_batch_size: int, max_tokens: Optional[int] = None
+    ) -> List[DataProto]:
+        """Micro-batches of `micro_batch_size` rows, or of at most `max_tokens` tokens with tokens balanced over
+        them (every one runs at the largest's shape under pipeline stages); the interleaved schedule (vpp) runs
+        them in groups of pp, so their number is made a multiple of pp."""
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-        micro = batch.split(micro_batch_size)
         pp = self.layout.pp
+        if max_tokens is not None:
+            return parts.micro_batches(batch, micro_batch_size, max_tokens, multiple=pp if self.layout.vpp else 1)
+        micro = batch.split(micro_batch_size)
         if self.layout.vpp and len(micro) % pp:
-            # The interleaved schedule runs micro-batches in groups of pp: make their number a multiple of pp
-            # (pieces as even as the rows allow, none larger than asked).
+            # pieces as even as the rows allow, none larger than asked
             count = -(-len(micro) // pp) * pp
             if count > len(batch):
                 raise ValueError(
@@ -238,8 +244,8 @@ class MegatronEngine:
 
     def _layouts(self, micro: List[DataProto]) -> List[Rows]:
         """Each micro-batch's rows, shaped as the schedule needs: with pipeline stages every micro-batch has one
-        shape (packed micro-batches grown to the largest; padded ones for all when any does not pack), and
-        lengths are multiples of what sequence and context parallelism split."""
+        shape (all grown to the largest; padded rows for all when any does not pack), and lengths are multiples of
+        what sequence and context parallelism split."""
         rows = [self._rows(mb) for mb in micro]
         self._tokens[0] += sum(int(mb.batch["attention_mask"].sum()) for mb in micro)
         self._tokens[1] += sum(mb.batch["input_ids"].numel() for mb in micro)
@@ -249,14 +255,11 @@ class MegatronEngine:
         def fit(length: int) -> int:  # (padded rows are sized so by `pack` already)
             return -(-length // self.seq_multiple) * self.seq_multiple
 
-        # with pipeline stages, one shape for every micro-batch (the schedule sends one)
-        common = None
-        if self.layout.pp > 1:
+        if self.layout.pp > 1:  # one shape for every micro-batch (the schedule sends one)
             common = max(r.input_ids.shape[0] for r in rows), fit(max(r.input_ids.shape[1] for r in rows))
-        rows = [
-            r if r.mask is None else pad_rows(r, *(common or (r.input_ids.shape[0], fit(r.input_ids.shape[1]))))
-            for r in rows
-        ]
+            rows = [pad_rows(r, *common) for r in rows]
+        else:
+            rows = [r if r.mask is None else pad_rows(r, r.input_ids.shape[0], fit(r.input_ids.shape[1])) for r in rows]
         self._tokens[2] += sum(r.input_ids.numel() for r in rows)
         return rows
 
@@ -337,8 +340,15 @@ class MegatronEngine:
         return box[0]
 
     def infer(
-        self, batch: DataProto, *, micro_batch_size: int, temperature: float = 1.0, entropy: bool = False
+        self,
+        batch: DataProto,
+        *,
+        micro_batch_size: int,
+        temperature: float = 1.0,
+        entropy: bool = False,
+        max_tokens: Optional[int] = None,
     ) -> DataProto:
+        """verl.engine.TrainEngine.infer; `max_tokens` cuts micro-batches by tokens instead of rows."""
         for c in self.chunks:
             c.eval()
         outs: List[Dict[str, torch.Tensor]] = []
@@ -349,7 +359,7 @@ class MegatronEngine:
 
         with torch.no_grad():
             self._run(
-                self._micro_batches(batch, micro_batch_size),
+                self._micro_batches(batch, micro_batch_size, max_tokens),
                 forward_only=True,
                 temperature=temperature,
                 entropy=entropy,
@@ -359,8 +369,18 @@ class MegatronEngine:
         return DataProto.from_dict(self._from_last_stage(merged))
 
     # ---- training --------------------------------------------------------------------------------------
-    def train_step(self, batch: DataProto, loss_fn: LossFn, *, micro_batch_size: int, **forward: Any) -> Metrics:
-        """verl.engine.TrainEngine.train_step; `forward` (temperature, entropy, entropy_grad) goes to the schedule."""
+    def train_step(
+        self,
+        batch: DataProto,
+        loss_fn: LossFn,
+        *,
+        micro_batch_size: int,
+        max_tokens: Optional[int] = None,
+        **forward: Any,
+    ) -> Metrics:
+        """verl.engine.TrainEngine.train_step; `max_tokens` cuts micro-batches by tokens instead of rows (the
+        Accumulator's weights keep the step the whole batch's); `forward` (temperature, entropy, entropy_grad)
+        goes to the schedule."""
         parts.require_optimizer(self.optimizer)
         for c in self.chunks:
             c.train()
@@ -371,7 +391,7 @@ class MegatronEngine:
         # Tokens are counted over the data-parallel replicas (TP/PP/CP peers hold the same rows).
         acc = parts.Accumulator.for_batch(batch, loss_fn, group=mpu.get_data_parallel_group())
         self._tokens = [0, 0, 0]
-        micro = self._micro_batches(batch, micro_batch_size)
+        micro = self._micro_batches(batch, micro_batch_size, max_tokens)
         self._run(
             micro,
             forward_only=False,

@@ -91,19 +91,20 @@ def packed_rows(prefix_pack: Any, responses: torch.Tensor) -> Rows:
 
 def pad_rows(rows: Rows, count: int, length: int) -> Rows:
     """`rows` grown to [count, length] (the pipeline schedule sends one shape for every micro-batch; sequence and
-    context parallelism split lengths evenly): added tokens see only themselves and are never read."""
+    context parallelism split lengths evenly): added tokens are never read; in packed rows they see only
+    themselves, in padded rows (causal) they lie after every real token or in rows of their own."""
     g, s = rows.input_ids.shape
     if (g, s) == (count, length):
         return rows
-    if rows.mask is None:
-        raise ValueError("only packed rows are padded here (padded rows are sized by `pack`)")
     grow = (0, length - s, 0, count - g)
-    mask = torch.ones(count, 1, length, length, dtype=torch.bool, device=rows.mask.device)
-    mask[:g, :, :s, :s] = rows.mask
-    idx = torch.arange(length, device=mask.device)
-    fresh = torch.ones(count, length, dtype=torch.bool, device=mask.device)
-    fresh[:g, :s] = False
-    mask[:, 0, idx, idx] &= ~fresh  # a padding query sees itself, so its softmax has a key
+    mask = None
+    if rows.mask is not None:
+        mask = torch.ones(count, 1, length, length, dtype=torch.bool, device=rows.mask.device)
+        mask[:g, :, :s, :s] = rows.mask
+        idx = torch.arange(length, device=mask.device)
+        fresh = torch.ones(count, length, dtype=torch.bool, device=mask.device)
+        fresh[:g, :s] = False
+        mask[:, 0, idx, idx] &= ~fresh  # a padding query sees itself, so its softmax has a key
     return Rows(
         torch.nn.functional.pad(rows.input_ids, grow),
         torch.nn.functional.pad(rows.position_ids, grow),

@@ -254,7 +254,7 @@ class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_mini_batch_size: int = at_least(MISSING, 1)  # prompts per optimizer step (times rollout.n samples)
     ppo_micro_batch_size_per_device: int = at_least(1, 1)  # samples per forward/backward on one worker
-    # micro-batches cut by tokens (prompt + response, per device) instead of rows; None: by rows (fsdp)
+    # micro-batches cut by tokens (prompt + response, per device) instead of rows; None: by rows
     ppo_max_tokens_per_device: Optional[int] = at_least(None, 1)
     ppo_epochs: int = at_least(1, 1)
     policy_loss: Any = "vanilla"  # registry name: vanilla (PPO clip), dual_clip, gspo, cispo, or {_target_: ...}
@@ -279,7 +279,7 @@ class ActorConfig:
     kl_loss_coef: float = non_negative(0.001)
     kl_loss_type: Any = "low_var_kl"  # a KL estimator name, as algorithm.kl_penalty
     log_prob_micro_batch_size_per_device: int = at_least(8, 1)  # samples per log-prob forward on one worker
-    log_prob_max_tokens_per_device: Optional[int] = at_least(None, 1)  # the log-prob pass cut by tokens (fsdp)
+    log_prob_max_tokens_per_device: Optional[int] = at_least(None, 1)  # the log-prob pass cut by tokens
     # auto: an on-policy update (1 epoch, 1 mini-batch, no in-reward KL) takes its old log-probs from its own
     # forward (detached) instead of a pass before it; always: that pass every step
     recompute_old_log_probs: str = one_of("auto", "auto", "always")
@@ -350,7 +350,7 @@ class RefConfig:
     backend: Optional[str] = None  # None: the actor's backend
     parallel: Optional[ParallelConfig] = None  # None: the actor's layout
     log_prob_micro_batch_size_per_device: int = at_least(8, 1)
-    log_prob_max_tokens_per_device: Optional[int] = at_least(None, 1)  # the log-prob pass cut by tokens (fsdp)
+    log_prob_max_tokens_per_device: Optional[int] = at_least(None, 1)  # the log-prob pass cut by tokens
     param_offload: bool = False
 
 
@@ -363,7 +363,7 @@ class CriticConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     ppo_mini_batch_size: Optional[int] = at_least(None, 1)  # None: actor.ppo_mini_batch_size
     ppo_micro_batch_size_per_device: int = at_least(1, 1)  # samples per forward/backward (and value pass)
-    ppo_max_tokens_per_device: Optional[int] = at_least(None, 1)  # the update and value pass cut by tokens (fsdp)
+    ppo_max_tokens_per_device: Optional[int] = at_least(None, 1)  # the update and value pass cut by tokens
     ppo_epochs: Optional[int] = at_least(None, 1)  # None: actor.ppo_epochs
     cliprange_value: float = positive(0.5)
     loss_agg_mode: Any = "token-mean"

@@ -456,28 +456,19 @@ def check_log_prob_batches(ctx: Context) -> List[ConfigProblem]:
 
 
 def check_token_budgets(ctx: Context) -> List[ConfigProblem]:
-    """A token budget holds at least one whole row, and is honoured by the fsdp engine only."""
+    """A token budget holds at least one whole row."""
     cfg, problems = ctx.cfg, []
     row = (value(cfg, "data.max_prompt_length") or 0) + (
         value(cfg, "rollout.max_new_tokens") or value(cfg, "data.max_response_length") or 0
     )
-    roles = {r.name: r for r in ctx.draft.plan.role_plans}
+    roles = {r.name for r in ctx.draft.plan.role_plans}
     keys = [(role, key) for role, key in PASS_TOKEN_KEYS.items()]
     keys += [(role, key) for role, key in TRAIN_TOKEN_KEYS.items() if key not in PASS_TOKEN_KEYS.values()]
     for role, key in keys:
         budget = value(cfg, key)
         if role not in roles or not isinstance(budget, int) or budget < 1:
             continue
-        if roles[role].backend != "fsdp":
-            problems.append(
-                error_at(
-                    key,
-                    f"token-budget micro-batches are an fsdp engine feature; {role} runs on {roles[role].backend} "
-                    "(its pipeline schedule runs micro-batches of one fixed shape)",
-                    f"set {key}=null (micro-batches by rows), or {role}.backend=fsdp",
-                )
-            )
-        elif budget < row:
+        if budget < row:
             problems.append(
                 error_at(
                     key,
