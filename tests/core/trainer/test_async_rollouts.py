@@ -75,7 +75,7 @@ class Loader:
         return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(-1) - 1})
 
 
-def _rollouts(service: SimulatedService, loader: Loader, max_staleness: int, steps: int) -> AsyncRollouts:
+def _rollouts(service: SimulatedService, loader: Loader, max_staleness: int, steps: int, **kw) -> AsyncRollouts:
     return AsyncRollouts(
         service,
         read_prompts=loader.next_batch,
@@ -87,6 +87,7 @@ def _rollouts(service: SimulatedService, loader: Loader, max_staleness: int, ste
         pad_id=0,
         max_staleness=max_staleness,
         total_steps=steps,
+        **kw,
     )
 
 
@@ -126,4 +127,26 @@ def test_a_sample_over_the_bound_has_its_group_generated_again():
     service.version = 0
     batch, metrics = rollouts.take(0, poll_s=0.0)
     assert metrics["async/regenerated"] >= N  # at least one whole group
+    assert int((0 - batch.batch["weight_version"]).max()) <= 1
+
+
+@pytest.mark.parametrize("row_multiple, kept", [(1, [1, 2]), (4, [1, 2]), (6, None)], ids=["dp1", "dp4", "dp6"])
+def test_on_stale_drop_leaves_the_stale_group_out(row_multiple, kept):
+    """trainer.on_stale=drop: a group with a sample over the bound is left out of the step, counted; the batch
+    keeps whole data-parallel shares of the other groups (2 groups of N=2 fill 4 ranks, not 6: an error that
+    names the fix)."""
+    service, loader = SimulatedService(random.Random(0)), Loader()
+    rollouts = _rollouts(service, loader, 1, 4, on_stale="drop", row_multiple=row_multiple)
+    rollouts.fill(0)
+    for k in range(N):  # group 0's samples begin with a token of a policy 5 versions old (a lagging replica)
+        request = service.live[AsyncRollouts.request_id(0, k)]
+        request["tokens"].append(5)
+        request["versions"].append(-5)
+    if kept is None:
+        with pytest.raises(RuntimeError, match="on_stale=drop left none to train on"):
+            rollouts.take(0, poll_s=0.0)
+        return
+    batch, metrics = rollouts.take(0, poll_s=0.0)
+    assert batch.batch["input_ids"][:, 2].tolist() == [200 + g for g in kept for _ in range(N)]
+    assert metrics["async/dropped"] == N and metrics["async/regenerated"] == 0
     assert int((0 - batch.batch["weight_version"]).max()) <= 1

@@ -507,6 +507,10 @@ class TrainerConfig:
     mode: str = one_of("sync", "sync", "one_step_off", "async")
     # async: a sample trains on a policy at most this many updates newer than the oldest that sampled its tokens
     max_staleness: int = at_least(1, 0)
+    # async: a sample over max_staleness (a replica that missed weight updates; the admission rule keeps the others
+    # inside it) has its prompt group generated again under the current policy (regenerate), or left out of the
+    # step (drop: the step trains on the other groups, as many as whole data-parallel shares allow)
+    on_stale: str = one_of("regenerate", "regenerate", "drop")
     profile: Optional[ProfileConfig] = None  # a trace of a range of steps (verl.trainer.profile)
 
 

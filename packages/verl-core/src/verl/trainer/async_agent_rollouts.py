@@ -79,6 +79,10 @@ class AsyncAgentRollouts(AsyncRollouts):
             if future is not None:
                 future.cancel()
 
+    def _keep_groups(self, slot: Slot, keep: List[int]) -> None:
+        samples = self.samples[slot.index]
+        self.samples[slot.index] = [samples[g * slot.n + k] for g in keep for k in range(slot.n)]
+
     def _assemble(self, slot: Slot) -> DataProto:
         trajectories = [slot.done[i] for i in range(len(slot.prompts) * slot.n)]
         samples = self.samples.pop(slot.index)

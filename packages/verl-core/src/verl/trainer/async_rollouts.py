@@ -5,8 +5,10 @@ j - max_staleness, so the rollout runs up to max_staleness batches ahead and its
 actor trains. Weight updates reach the replicas between two of their turns: a sample midway keeps its tokens and
 their log-probs and continues under the new policy (a partial rollout). The staleness of a sample is the
 trainer's version when it trains on it minus the oldest version that sampled any of its tokens; the admission
-rule bounds it by max_staleness (j - (j - max_staleness)), and `take` checks it: a sample over the bound (none,
-under this rule) has its whole group generated again under the current policy, and is counted.
+rule bounds it by max_staleness (j - (j - max_staleness)), and `take` checks it: a sample over the bound (none
+under this rule, but a replica that missed weight updates makes them) has its whole group generated again under
+the current policy (trainer.on_stale=regenerate), or its group left out of the step (drop: the batch keeps as many
+of the other groups as whole data-parallel shares allow); either is counted.
 
 A checkpoint's data position is the one before the oldest batch in flight: a resumed run reads those prompts
 again and generates them anew, so no prompt is skipped and no sample trained twice (the in-flight samples are
@@ -16,6 +18,7 @@ again to the others (`async/resubmitted`). Validation runs through the service t
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
@@ -41,10 +44,11 @@ class Slot:
     attempt: Dict[int, int] = field(default_factory=dict)  # row -> the attempt whose result counts
     regenerated: int = 0
     resubmitted: int = 0
+    dropped: set = field(default_factory=set)  # prompt groups left out (trainer.on_stale=drop)
 
     @property
     def complete(self) -> bool:
-        return len(self.done) == len(self.prompts) * self.n
+        return len(self.done) + len(self.dropped) * self.n == len(self.prompts) * self.n
 
 
 class AsyncRollouts:
@@ -61,11 +65,16 @@ class AsyncRollouts:
         pad_id: int,
         max_staleness: int,
         total_steps: Optional[int] = None,
+        on_stale: str = "regenerate",  # or "drop"
+        row_multiple: int = 1,  # a batch with dropped groups keeps a multiple of this many rows (the train DP)
     ):
         self.client, self.read_prompts, self.position = client, read_prompts, data_position
         self.n, self.temperature, self.width = n, temperature, response_length
         self.eos_ids, self.pad_id = eos_ids, pad_id
         self.max_staleness, self.total_steps = max_staleness, total_steps
+        if on_stale not in ("regenerate", "drop"):
+            raise ValueError(f"trainer.on_stale must be 'regenerate' or 'drop', got {on_stale!r}")
+        self.on_stale, self.row_multiple = on_stale, row_multiple
         self.slots: List[Slot] = []
         self.next_index = 0
         self.owner: Dict[str, tuple[Slot, int]] = {}  # request id in flight -> (its slot, its row)
@@ -137,10 +146,14 @@ class AsyncRollouts:
             self._check_stale(slot, version)
         self.slots.pop(0)
         waited = time.perf_counter() - start
+        total = len(slot.prompts) * slot.n
+        if slot.dropped:
+            slot = self._without_dropped(slot)
         batch = self._assemble(slot)
         metrics = {
             "async/queue_batches": float(len(self.slots)),  # batches still generating after this one
             "async/regenerated": float(slot.regenerated),
+            "async/dropped": float(total - len(batch)),
             "async/resubmitted": float(slot.resubmitted),
             "rollout/replicas": float(len(self.client.replicas)),
             "timing/rollout_wait_s": waited,
@@ -148,7 +161,8 @@ class AsyncRollouts:
         return batch, metrics
 
     def _check_stale(self, slot: Slot, version: int) -> None:
-        """Samples over the bound: their whole group generated again under the current policy, counted."""
+        """Samples over the bound: their whole group generated again under the current policy, or left out of the
+        step (on_stale=drop); counted either way."""
         stale = [row for row, f in slot.done.items() if version - self.oldest_version(f) > self.max_staleness]
         if not stale:
             return
@@ -160,8 +174,40 @@ class AsyncRollouts:
             self.owner.pop(rid, None)
         for row in rows:
             slot.done.pop(row, None)
+        if self.on_stale == "drop":
+            slot.dropped.update(groups)
+            return
         slot.regenerated += len(rows)
         self._submit(slot, rows, attempt=max(slot.attempt[r] for r in rows) + 1)
+
+    def _without_dropped(self, slot: Slot) -> Slot:
+        """The slot's other groups, as many as make a multiple of row_multiple rows, renumbered from 0."""
+        keep = [g for g in range(len(slot.prompts)) if g not in slot.dropped]
+        per = self.row_multiple // math.gcd(self.row_multiple, slot.n)  # groups that make whole DP shares
+        keep = keep[: len(keep) - len(keep) % per]
+        if not keep:
+            raise RuntimeError(
+                f"async rollouts: every prompt group of step {slot.index}'s batch was over trainer.max_staleness="
+                f"{self.max_staleness} (or too few were left for {self.row_multiple} data-parallel ranks) and "
+                "trainer.on_stale=drop left none to train on: are the rollout replicas receiving weight updates? "
+                "Use on_stale=regenerate, or raise max_staleness"
+            )
+        done = {i * slot.n + k: slot.done[g * slot.n + k] for i, g in enumerate(keep) for k in range(slot.n)}
+        self._keep_groups(slot, keep)
+        return Slot(
+            slot.index,
+            slot.prompts[keep],
+            slot.data_position,
+            slot.submitted_version,
+            slot.n,
+            slot.temperature,
+            done=done,
+            regenerated=slot.regenerated,
+            resubmitted=slot.resubmitted,
+        )
+
+    def _keep_groups(self, slot: Slot, keep: List[int]) -> None:
+        """What a subclass holds per row of `slot`, narrowed to the groups `keep` (nothing here)."""
 
     @staticmethod
     def oldest_version(result: Finished) -> int:

@@ -206,6 +206,8 @@ class PPOTrainer:
             pad_id=pad_id,
             max_staleness=self.cfg.trainer.max_staleness,
             total_steps=self.plan.total_steps,
+            on_stale=self.cfg.trainer.on_stale,
+            row_multiple=self.plan.train_dp,
         )
 
     def _agent_rollouts(self, plan: Plan) -> AgentRollouts:
