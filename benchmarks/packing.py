@@ -8,8 +8,8 @@ warm-up step, then `--steps` timed optimizer steps of the actor's token-mean los
   fsdp padded       model.shared_prefix=false, micro-batches of 4 rows (every row padded to the longest)
   fsdp packed       shared-prefix packing, micro-batches of <= --budget tokens
   megatron padded   model.shared_prefix=false, micro-batches of 4 rows (TP=PP=CP=1, local attention)
-  megatron packed   shared-prefix packing, micro-batches of 4 rows (one prompt's samples: one packed row);
-                    megatron's schedule takes no token budgets
+  megatron packed   shared-prefix packing, micro-batches of 4 rows (one prompt's samples: one packed row)
+  megatron budget   shared-prefix packing, micro-batches of <= --budget tokens (balanced), as fsdp packed
 
 Reported: s/step, tokens/s (prompt + response tokens that are not padding, per second), the tokens the model
 computes per step, and peak RSS above the RSS after the model was built (activations, gradients, optimizer
@@ -95,7 +95,7 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-SETTINGS = ("fsdp padded", "fsdp packed", "megatron padded", "megatron packed")
+SETTINGS = ("fsdp padded", "fsdp packed", "megatron padded", "megatron packed", "megatron budget")
 
 
 def run_setting(model: str, setting: str, steps: int, budget: int) -> dict:
@@ -112,7 +112,7 @@ def run_setting(model: str, setting: str, steps: int, budget: int) -> dict:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     backend, layout = setting.split()
-    packed = layout == "packed"
+    packed = layout in ("packed", "budget")
     parallel = types.SimpleNamespace(tp=1, pp=1, vpp=None, cp=1, ep=1, dp=None) if backend == "megatron" else None
     cfg = EngineConfig(
         model_path=model, optim=OptimConfig(lr=1e-5), total_steps=100, shared_prefix=packed, parallel=parallel
@@ -120,7 +120,7 @@ def run_setting(model: str, setting: str, steps: int, budget: int) -> dict:
     engine = load_engine(backend, "train")(cfg)
     batch = make_batch()
     loss = actor_loss_fn(ActorConfig(ppo_mini_batch_size=1, loss_agg_mode="token-mean"))
-    if packed and backend == "fsdp":
+    if (packed and backend == "fsdp") or layout == "budget":
         kw = dict(micro_batch_size=PROMPTS * N, max_tokens=budget)
     else:
         kw = dict(micro_batch_size=4)
@@ -201,10 +201,10 @@ def report(args, results: list) -> None:
             f"{r['peak_rss_above_model_mb']:.0f} |"
         )
     lines.append("")
-    for backend in ("fsdp", "megatron"):
-        pad, pack = by[f"{backend} padded"], by[f"{backend} packed"]
+    for backend, layout in (("fsdp", "packed"), ("megatron", "packed"), ("megatron", "budget")):
+        pad, pack = by[f"{backend} padded"], by[f"{backend} {layout}"]
         lines.append(
-            f"- {backend}: packed / padded **{pack['tokens_per_s'] / pad['tokens_per_s']:.2f}x** tokens/s, "
+            f"- {backend} {layout} / padded **{pack['tokens_per_s'] / pad['tokens_per_s']:.2f}x** tokens/s, "
             f"**{pack['peak_rss_above_model_mb'] / max(pad['peak_rss_above_model_mb'], 1):.2f}x** peak memory above "
             f"the model ({pad['real_tokens']:,} real tokens per step in both)."
         )
@@ -213,7 +213,7 @@ def report(args, results: list) -> None:
         "padded: `model.shared_prefix=false`, micro-batches of 4 rows; fsdp packed: shared-prefix packing with",
         f"micro-batches of <= {args.budget} tokens (`actor.ppo_max_tokens_per_device`); megatron packed: the same",
         "packing over micro-batches of 4 rows (one prompt's samples), the pack's mask given to megatron's local",
-        "attention.",
+        f"attention; megatron budget: that packing over micro-batches of <= {args.budget} tokens, balanced.",
     ]
     write_report(args.out, lines)
 

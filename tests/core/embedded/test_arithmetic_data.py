@@ -43,6 +43,26 @@ def test_other_operators():
         make_arithmetic_rows(1, seed=0, split="train", ops=("/",))
 
 
+def test_counting_has_a_long_tail_of_answer_lengths():
+    """ "7..10=" -> "7 8 9 10": counts of 1 to COUNT_MAX numbers up to 999, each count k about COUNT_TAIL ** (k - 1)
+    as common as a single number, so most answers are short and a few run to ~47 characters."""
+    from verl.embedded.arithmetic import COUNT_MAX, COUNT_TAIL
+
+    rows = make_arithmetic_rows(5000, seed=0, split="train", ops=("..",), max_operand=999)
+    counts = collections.Counter()
+    for r in rows:
+        a, b = r["extra_info"]["a"], r["extra_info"]["b"]
+        assert r["prompt"][0]["content"] == f"{a}..{b}="
+        assert r["reward_model"]["ground_truth"].split() == [str(i) for i in range(a, b + 1)]
+        counts[b - a + 1] += 1
+    assert min(counts) == 1 and max(counts) == COUNT_MAX
+    problems = collections.Counter(b - a + 1 for a, b, _ in split_problems("train", 999, ("..",)))
+    for k in (2, 4, 8):  # problems of k numbers among those of one, against the tail's rate (within 15%)
+        assert problems[k] / problems[1] == pytest.approx(COUNT_TAIL ** (k - 1) * (1000 - k + 1) / 1000, rel=0.15)
+    lengths = sorted(len(r["reward_model"]["ground_truth"]) for r in rows)
+    assert lengths[len(lengths) // 2] <= 15 and lengths[-1] >= 44  # median ~3 numbers, the longest 12
+
+
 def test_splits_partition_the_pairs():
     train = {(a, b) for a, b, _ in split_problems("train", 49, "+")}
     val = {(a, b) for a, b, _ in split_problems("val", 49, "+")}

@@ -1,4 +1,5 @@
-"""The embedded arithmetic task ("12+7=" -> "19") as parquet files in verl's RL and SFT formats.
+"""The embedded arithmetic task ("12+7=" -> "19"; "7..10=" -> "7 8 9 10", counting, whose answers have a long tail
+of lengths) as parquet files in verl's RL and SFT formats.
 
 RL rows have verl's public columns: data_source, prompt (chat messages), ability, reward_model
 ({"style": "rule", "ground_truth": ...}) and extra_info. SFT rows have prompt and response; preference rows
@@ -33,11 +34,33 @@ DATA_SOURCE = "embedded/arithmetic"
 FORMAT_VERSION = 1  # bump when the rows change, so old cache entries are not reused
 VAL_PERCENT = 10  # share of operand pairs held out for validation
 SPLITS = ("train", "val")
-OPS: dict[str, Callable[[int, int], int]] = {
+COUNT_TAIL = 0.8  # "..": a count of k numbers is kept with probability COUNT_TAIL ** (k - 1) (a long tail)
+COUNT_MAX = 12  # "..": at most this many numbers (47 characters with 3-digit numbers)
+
+
+def count_up(a: int, b: int) -> str:
+    """ "7..10=" -> "7 8 9 10": answers from 1 to 47 characters (numbers up to 999), most of them short."""
+    return " ".join(str(i) for i in range(a, b + 1))
+
+
+OPS: dict[str, Callable[[int, int], Any]] = {
     "+": operator.add,
     "-": operator.sub,
     "*": operator.mul,
+    "..": count_up,
 }
+
+
+def in_domain(a: int, b: int, op: str) -> bool:
+    """Whether (a, b) is a problem of `op`: every pair, but for counting b >= a, at most COUNT_MAX numbers, and a
+    count of k kept with probability COUNT_TAIL ** (k - 1) (by a hash of the pair, so the set is stable)."""
+    if op != "..":
+        return True
+    k = b - a + 1
+    if not 1 <= k <= COUNT_MAX:
+        return False
+    digest = hashlib.sha256(f"keep{a}{op}{b}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64 < COUNT_TAIL ** (k - 1)
 
 
 def pair_split(a: int, b: int, op: str) -> str:
@@ -60,7 +83,7 @@ def split_problems(split: str, max_operand: int, ops: Sequence[str]) -> list[tup
         for op in ops
         for a in range(max_operand + 1)
         for b in range(max_operand + 1)
-        if pair_split(a, b, op) == split
+        if in_domain(a, b, op) and pair_split(a, b, op) == split
     ]
     if not problems:
         raise ValueError(f"no {split!r} problems with max_operand={max_operand} and ops={list(ops)}; raise max_operand")
@@ -190,6 +213,8 @@ class ArithmeticFile:
         key = {"format": FORMAT_VERSION, **asdict(self)}
         if self.kind != "tools_sft":
             del key["tool_share"]  # (the cache keys of the other files stay as they were)
+        if ".." in self.ops:
+            key["count"] = [COUNT_MAX, COUNT_TAIL]
         return cache_root(cache_dir) / "data" / f"arithmetic-{self.kind}-{self.split}-{settings_hash(key)}.parquet"
 
     def materialize(self, cache_dir: str | os.PathLike | None = None) -> str:
@@ -213,6 +238,10 @@ EMBEDDED_DATASETS: dict[str, ArithmeticFile] = {
     # products of two numbers up to 49, which the tiny model cannot compute itself but a calculator can
     "arithmetic-products": ArithmeticFile(split="train", n=20000, seed=0, ops=("*",)),
     "arithmetic-products-val": ArithmeticFile(split="val", n=200, seed=0, ops=("*",)),
+    # counting ("7..10=" -> "7 8 9 10"): answers of 1 to 47 characters, most short (a long tail of lengths)
+    "counting": ArithmeticFile(split="train", n=20000, seed=0, ops=("..",), max_operand=999),
+    "counting-val": ArithmeticFile(split="val", n=200, seed=0, ops=("..",), max_operand=999),
+    "counting-sft": ArithmeticFile(split="train", n=20000, seed=1, kind="sft", ops=("..",), max_operand=999),
     # 600 conversations: 30% call the calculator, the others answer at once
     "arithmetic-tools-sft": ArithmeticFile(split="train", n=600, seed=1, kind="tools_sft", ops=("*",), tool_share=0.3),
 }
