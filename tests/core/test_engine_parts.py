@@ -76,6 +76,26 @@ def test_token_budget_micro_batches_are_balanced_and_come_in_multiples():
         micro_batches(_rows_of([4]), 1, max_tokens=8, multiple=2)
 
 
+def test_token_budget_micro_batches_cut_between_prompt_groups():
+    """Rows of one prompt stay in one micro-batch where their group fits (shared-prefix packing computes the
+    prompt once): groups of 6, 10 and 4 tokens under 11 make [6], [10], [4] (by rows alone, [3, 3, 5], [5, 2, 2]
+    would part the middle group); a group over the budget is cut by rows."""
+    P = 2
+    lengths = [3, 3, 5, 5, 2, 2]  # prompt (2 tokens, one per group) + response
+    ids = torch.zeros(6, P + 4, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        ids[row, :P] = 10 + row // 2  # the group's prompt
+        ids[row, P:n] = 20 + row
+        mask[row, :n] = 1
+    batch = DataProto.from_dict(
+        {"input_ids": ids, "attention_mask": mask, "responses": ids[:, P:], "row": torch.arange(6)}
+    )
+    rows = lambda pieces: [p.batch["row"].tolist() for p in pieces]  # noqa: E731
+    assert rows(micro_batches(batch, 1, max_tokens=11)) == [[0, 1], [2, 3], [4, 5]]
+    assert rows(micro_batches(batch, 1, max_tokens=8)) == [[0, 1], [2], [3], [4, 5]]  # the 10-token group by rows
+
+
 def test_a_non_finite_norm_skips_the_update_but_not_the_schedule():
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=1.0)

@@ -33,16 +33,18 @@ def micro_batches(
     batch: DataProto, micro_batch_size: int, max_tokens: Optional[int] = None, *, multiple: int = 1
 ) -> List[DataProto]:
     """`batch` cut into micro-batches: of `micro_batch_size` rows, or, with `max_tokens`, of consecutive rows
-    holding at most that many tokens (attention-mask ones; a row over the budget alone). Consecutive, so the
-    samples of a prompt stay together (shared-prefix packing) and outputs come back in order.
+    holding at most that many tokens (attention-mask ones; a row over the budget alone). Consecutive, and cut
+    between prompt groups (adjacent rows with one prompt) where a group fits, so shared-prefix packing computes
+    each prompt once and outputs come back in order.
 
     Under a budget: as few micro-batches as it allows, rounded up to a multiple of `multiple` (an interleaved
-    pipeline schedule runs them in groups), with tokens balanced over them (the largest holds as few as any
-    split into that many can): pipeline stages run every micro-batch at the largest one's shape."""
+    pipeline schedule runs them in groups), with tokens balanced over them (the smallest cap that needs no more
+    of them): pipeline stages run every micro-batch at the largest one's shape."""
     if max_tokens is None:
         return batch.split(micro_batch_size)
     lengths = batch.batch["attention_mask"].sum(-1).tolist()
-    want = -(-len(_token_pieces(lengths, max_tokens)) // multiple) * multiple
+    groups = _prompt_groups(batch)
+    want = -(-len(_token_pieces(lengths, groups, max_tokens)) // multiple) * multiple
     if multiple > 1 and want > len(lengths):
         raise ValueError(
             f"{len(lengths)} rows cannot make {want} micro-batches (a multiple of {multiple}, which the interleaved "
@@ -51,8 +53,8 @@ def micro_batches(
     lo, hi = 1, max_tokens  # the smallest cap that still needs no more pieces than the budget does
     while lo < hi:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if len(_token_pieces(lengths, mid)) <= want else (mid + 1, hi)
-    pieces = _token_pieces(lengths, lo)
+        lo, hi = (lo, mid) if len(_token_pieces(lengths, groups, mid)) <= want else (mid + 1, hi)
+    pieces = _token_pieces(lengths, groups, lo)
     while len(pieces) < want:  # (rounded up to the multiple) halve the piece of most tokens that has rows to part
         i = max((j for j, (a, b) in enumerate(pieces) if b - a > 1), key=lambda j: sum(lengths[slice(*pieces[j])]))
         a, b = pieces[i]
@@ -60,15 +62,44 @@ def micro_batches(
     return [batch[a:b] for a, b in pieces]
 
 
-def _token_pieces(lengths: List[int], cap: int) -> List[tuple]:
-    """(start, end) of consecutive rows, each piece filled up to `cap` tokens; a row over `cap` alone."""
+def _prompt_groups(batch: DataProto) -> List[tuple]:
+    """(start, end) of runs of adjacent rows with the same prompt (a GRPO group); each row alone without a
+    `responses` column to tell the prompt from the response."""
+    b = batch.batch
+    rows = len(batch)
+    if "responses" not in b.keys() or rows == 0:
+        return [(i, i + 1) for i in range(rows)]
+    p = b["input_ids"].shape[1] - b["responses"].shape[1]
+    prompt = b["input_ids"][:, :p] * b["attention_mask"][:, :p]
+    same = (prompt[1:] == prompt[:-1]).all(-1) & (b["attention_mask"][1:, :p] == b["attention_mask"][:-1, :p]).all(-1)
+    starts = [0] + [i + 1 for i, s in enumerate(same.tolist()) if not s]
+    return list(zip(starts, starts[1:] + [rows]))
+
+
+def _token_pieces(lengths: List[int], groups: List[tuple], cap: int) -> List[tuple]:
+    """(start, end) of consecutive rows, each piece filled with whole groups up to `cap` tokens; a group over
+    `cap` gets pieces of its own, cut by rows (a row over `cap` alone)."""
     pieces, start, used = [], 0, 0
-    for i, n in enumerate(lengths):
-        if i > start and used + n > cap:
-            pieces.append((start, i))
-            start, used = i, 0
+    for a, b in groups:
+        n = sum(lengths[a:b])
+        if n > cap:  # close the open piece, then cut this group by rows
+            if a > start:
+                pieces.append((start, a))
+            start, used = a, 0
+            for i in range(a, b):
+                if i > start and used + lengths[i] > cap:
+                    pieces.append((start, i))
+                    start, used = i, 0
+                used += lengths[i]
+            pieces.append((start, b))
+            start, used = b, 0
+            continue
+        if a > start and used + n > cap:
+            pieces.append((start, a))
+            start, used = a, 0
         used += n
-    pieces.append((start, len(lengths)))
+    if start < len(lengths) or not pieces:
+        pieces.append((start, len(lengths)))
     return pieces
 
 
