@@ -378,9 +378,7 @@ class MegatronEngine:
         max_tokens: Optional[int] = None,
         **forward: Any,
     ) -> Metrics:
-        """verl.engine.TrainEngine.train_step; `max_tokens` cuts micro-batches by tokens instead of rows (the
-        Accumulator's weights keep the step the whole batch's); `forward` (temperature, entropy, entropy_grad)
-        goes to the schedule."""
+        """verl.engine.TrainEngine.train_step (as the FSDP engine's) through megatron's pipeline schedule."""
         parts.require_optimizer(self.optimizer)
         for c in self.chunks:
             c.train()
