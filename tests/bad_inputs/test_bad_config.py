@@ -86,6 +86,12 @@ CASES = [
         "at least 24",
     ),
     (
+        "flash_attention_on_cpu",
+        ["model.attn_implementation=flash_attention_2"],
+        "model.attn_implementation",
+        "CUDA devices only",
+    ),
+    (
         "token_budget_below_a_row_on_megatron",
         ["actor.backend=megatron", "actor.log_prob_max_tokens_per_device=12"],
         "actor.log_prob_max_tokens_per_device",

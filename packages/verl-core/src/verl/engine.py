@@ -43,6 +43,7 @@ class EngineConfig:
     param_offload: bool = False
     use_fused_kernels: bool = False
     shared_prefix: bool = True  # rows with the same prompt computed as one sequence (verl.utils.shared_prefix)
+    attn_implementation: str = "sdpa"  # Hugging Face's, for engines that run HF modules (fsdp)
     lora: Optional[Any] = None  # verl.config.schema.LoraConfig with rank >= 1: train adapters only; None: full
     fused_kernel_impl: str = "torch"
     seed: int = 1

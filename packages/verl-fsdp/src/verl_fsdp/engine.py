@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import logging
 import os
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -35,13 +34,11 @@ from verl.engine import EngineConfig, LossFn, Metrics
 from verl.protocol import DataProto
 from verl.utils.hf_files import copy_tokenizer_files
 from verl.utils.logprob import entropy_from_logits, logprobs_from_logits
+from verl.utils.padding_free import padding_free
 from verl.utils.shared_prefix import MASKABLE_ATTENTION, PrefixPack, attention_weight_of, pack_shared_prefixes
 from verl_fsdp.lora import adapter_state, apply_lora, is_lora, merged_weights
 from verl_fsdp.model import build_model
 from verl_fsdp.parallelize import apply_fsdp
-
-logger = logging.getLogger(__name__)
-
 
 LORA_ADAPTER_DIR = "lora_adapter"  # where export_hf writes a LoRA run's peft adapter folder
 
@@ -77,12 +74,6 @@ class FSDPEngine:
         self.optimizer = None
         self.state = parts.TrainState()
         self._tokens = [0, 0, 0]  # this step's tokens: real, in the padded layout, computed (packing's count)
-        if cfg.shared_prefix and model.config._attn_implementation not in MASKABLE_ATTENTION:
-            logger.warning(
-                "model.shared_prefix: %s attention takes no 4D mask, so this engine computes padded rows "
-                "(attn_implementation sdpa or eager packs them)",
-                model.config._attn_implementation,
-            )
         if cfg.optim is not None:
             # LoRA: the frozen base has no gradients and no optimizer state
             self.optimizer = parts.adamw([p for p in model.parameters() if p.requires_grad], cfg.optim)
@@ -141,9 +132,13 @@ class FSDPEngine:
         return self._token_outputs(head(hidden), labels, temperature, entropy)
 
     def _pack(self, b: Any, r: int) -> Optional[PrefixPack]:
-        """The micro-batch packed by shared prompt (verl.utils.shared_prefix), where the model can take it."""
-        if not self.cfg.shared_prefix or self.model.config._attn_implementation not in MASKABLE_ATTENTION:
+        """The micro-batch packed (model.shared_prefix): by shared prompt (verl.utils.shared_prefix) where the
+        attention takes a 4D mask (sdpa, eager), else padding-free (verl.utils.padding_free: flash-attention's
+        varlen path); None: padded rows (packing off, or a shared-prefix pack would not pay)."""
+        if not self.cfg.shared_prefix:
             return None
+        if self.model.config._attn_implementation not in MASKABLE_ATTENTION:
+            return padding_free(b["input_ids"], b["attention_mask"], b["position_ids"], r)
         weight = attention_weight_of(self.model.config)
         return pack_shared_prefixes(b["input_ids"], b["attention_mask"], b["position_ids"], r, weight)
 

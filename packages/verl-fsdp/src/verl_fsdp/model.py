@@ -11,7 +11,7 @@ from verl.engine import EngineConfig
 def build_model(cfg: EngineConfig, dtype: torch.dtype) -> PreTrainedModel:
     """The role's model, loaded on CPU in `dtype` (FSDP moves shards to the device afterwards)."""
     hf_config = cfg.hf_config()
-    kwargs = dict(config=hf_config, dtype=dtype, attn_implementation="sdpa")
+    kwargs = dict(config=hf_config, dtype=dtype, attn_implementation=cfg.attn_implementation)
     if cfg.kind == "causal_lm":
         return AutoModelForCausalLM.from_pretrained(cfg.model_path, **kwargs)
     if cfg.kind == "value":

@@ -165,8 +165,11 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     # FSDP roles compute the samples of one prompt as one sequence, the prompt once, and pack those sequences
     # without padding (same outputs, fewer tokens; a 4D attention mask, where the model's attention takes one:
-    # sdpa or eager)
+    # sdpa or eager; with flash-attention, which takes none, every row's real tokens in one padding-free stream)
     shared_prefix: bool = True
+    # the FSDP roles' attention (Hugging Face's attn_implementation); flash_attention_2/3 need CUDA and the
+    # flash-attn package, and run packed rows through their variable-length kernels
+    attn_implementation: str = one_of("sdpa", "sdpa", "eager", "flash_attention_2", "flash_attention_3")
     override_config: Dict[str, Any] = field(default_factory=dict)
     warm_start: Optional[WarmStartConfig] = None  # SFT before RL
 

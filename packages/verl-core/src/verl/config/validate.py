@@ -272,6 +272,20 @@ def check_megatron_offload(ctx: Context) -> List[ConfigProblem]:
     ]
 
 
+def check_attention(ctx: Context) -> List[ConfigProblem]:
+    """flash-attention kernels run on CUDA only."""
+    attn = value(ctx.cfg, "model.attn_implementation")
+    if isinstance(attn, str) and attn.startswith("flash_attention") and ctx.draft.plan.device == "cpu":
+        return [
+            error_at(
+                "model.attn_implementation",
+                f"{attn} runs on CUDA devices only; this run's placement.device is cpu",
+                "set model.attn_implementation=sdpa (packed rows take its 4D mask), or place the run on GPUs",
+            )
+        ]
+    return []
+
+
 def check_rollout_layout(ctx: Context) -> List[ConfigProblem]:
     """A rollout engine splits over tp (and the derived dp) only."""
     parallel = role_parallel(ctx.cfg, "rollout")
@@ -587,6 +601,7 @@ CHECKS: Sequence[Check] = (
     check_controller,
     check_fsdp_layout,
     check_megatron_offload,
+    check_attention,
     check_rollout_layout,
     check_virtual_pipeline,
     check_sequence_parallel,

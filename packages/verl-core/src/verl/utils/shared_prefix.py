@@ -25,7 +25,8 @@ import torch
 class PrefixPack:
     input_ids: torch.Tensor  # [G, L] packed rows: prompt groups' sequences side by side, right-padded
     position_ids: torch.Tensor  # [G, L] the positions the tokens had in their padded rows
-    allowed: torch.Tensor  # [G, 1, L, L] bool: query i may attend key j
+    allowed: Optional[torch.Tensor]  # [G, 1, L, L] bool: query i may attend key j; None: the sequences' own
+    # boundaries, read from position ids that restart at 0 (verl.utils.padding_free)
     rows: torch.Tensor  # [B, R] the packed row holding the output that predicts responses[b, t]
     cols: torch.Tensor  # [B, R] its position there
     valid: torch.Tensor  # [B, R] bool: t is within the response (up to and including eos)
@@ -35,8 +36,11 @@ class PrefixPack:
         """Tokens the packed batch computes (padding included)."""
         return self.input_ids.numel()
 
-    def attention_mask(self, attn_implementation: str, dtype: torch.dtype) -> torch.Tensor:
-        """The 4D mask a Hugging Face model takes as given: bool for SDPA, additive for eager attention."""
+    def attention_mask(self, attn_implementation: str, dtype: torch.dtype) -> Optional[torch.Tensor]:
+        """The 4D mask a Hugging Face model takes as given: bool for SDPA, additive for eager attention; None for a
+        padding-free pack (the model finds the sequences from the position ids)."""
+        if self.allowed is None:
+            return None
         if attn_implementation == "eager":
             zeros = torch.zeros(self.allowed.shape, dtype=dtype, device=self.allowed.device)
             return zeros.masked_fill(~self.allowed, torch.finfo(dtype).min)
