@@ -78,6 +78,7 @@ def test_the_engine_packs_padding_free_where_the_attention_takes_no_mask(
     m_str = stream.train_step(batch, loss, micro_batch_size=6)
     real = int(batch.batch["attention_mask"].sum())
     assert m_str["computed_tokens_ratio"] == pytest.approx(real / (12 * (P + R)))  # the real tokens, no more
+    assert m_str["tokens_per_micro_batch"] == real / 2 and m_str["micro_batches"] == 2
     assert m_str["loss"] == pytest.approx(m_pad["loss"], rel=1e-5)
     for (name, x), (_, y) in zip(padded.weights(), stream.weights()):
         torch.testing.assert_close(y, x, rtol=0, atol=1e-6, msg=name)

@@ -103,6 +103,17 @@ def _token_pieces(lengths: List[int], groups: List[tuple], cap: int) -> List[tup
     return pieces
 
 
+def layout_metrics(micro_batches: int, real: int, padded: int, computed: int) -> Metrics:
+    """What one step's layout cost: its micro-batches, the padded rows' padding, and the tokens the model ran over
+    (packed rows' count) against the padded rows' and per micro-batch."""
+    return {
+        "micro_batches": float(micro_batches),
+        "padding_fraction": 1.0 - real / max(padded, 1),
+        "computed_tokens_ratio": computed / max(padded, 1),
+        "tokens_per_micro_batch": computed / max(micro_batches, 1),
+    }
+
+
 def require_optimizer(optimizer: Optional[object]) -> None:
     if optimizer is None:
         raise RuntimeError("this engine was built without an optimizer (inference only)")

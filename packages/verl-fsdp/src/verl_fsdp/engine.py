@@ -214,12 +214,7 @@ class FSDPEngine:
             update=lambda _: self.optimizer.step(),
         )
         self.optimizer.zero_grad(set_to_none=True)
-        real, padded, computed = self._tokens
-        layout = {
-            "micro_batches": float(len(micro)),
-            "padding_fraction": 1.0 - real / max(padded, 1),  # of the padded rows
-            "computed_tokens_ratio": computed / max(padded, 1),  # what the model ran over, packed, vs padded
-        }
+        layout = parts.layout_metrics(len(micro), *self._tokens)
         return {**acc.totals, **step, **layout}
 
     @contextlib.contextmanager

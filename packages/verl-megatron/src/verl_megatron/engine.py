@@ -399,12 +399,7 @@ class MegatronEngine:
         step = parts.optimizer_step(
             self.state, self.optimizer, self.cfg, grad_norm=self._grad_norm, update=self._update
         )
-        real, padded, computed = self._tokens
-        layout = {
-            "micro_batches": float(len(micro)),
-            "padding_fraction": 1.0 - real / max(padded, 1),  # of the padded rows
-            "computed_tokens_ratio": computed / max(padded, 1),  # what the model ran over, packed, vs padded
-        }
+        layout = parts.layout_metrics(len(micro), *self._tokens)
         return {**self._from_last_stage(acc.totals), **step, **layout}
 
     def _grad_norm(self) -> float:
