@@ -8,12 +8,11 @@ SDPA rows' (bf16 on both sides), it must compute only the real tokens, and a tra
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import pytest
 import torch
 
-from tests.support.engines import P, R, free_port, grouped_batch, make_llama_dir
+from tests.support.engines import P, R, cuda_world_one, grouped_batch, make_llama_dir  # noqa: F401
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
@@ -22,18 +21,7 @@ pytestmark = [
 BF16_LOGPROB_ATOL = 0.05  # two bf16 attention kernels on the same bf16 weights
 
 
-@pytest.fixture(scope="module")
-def cuda_world_one():
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-        torch.cuda.set_device(0)
-        dist.init_process_group("nccl", rank=0, world_size=1)
-    yield
-
-
-def test_flash_attention_runs_packed_rows_padding_free(cuda_world_one, tmp_path):
+def test_flash_attention_runs_packed_rows_padding_free(cuda_world_one, tmp_path):  # noqa: F811
     from verl.config.schema import OptimConfig
     from verl.engine import EngineConfig
     from verl_fsdp.engine import FSDPEngine

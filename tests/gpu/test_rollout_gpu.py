@@ -7,28 +7,15 @@ frees and restores the KV cache and the weights.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from tests.rollout import engine_contract as contract
-from tests.support.engines import free_port, make_llama_dir
+from tests.support.engines import cuda_world_one, make_llama_dir  # noqa: F401
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 # fp32 on GPU: the engines' kernels reduce in another order than torch's (and may use TF32).
 GPU_TOL = 1e-3
-
-
-@pytest.fixture(scope="module")
-def gpu_world():
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-        torch.cuda.set_device(0)
-        dist.init_process_group("nccl", rank=0, world_size=1)
-    yield
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +24,7 @@ def llama_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module", params=["vllm", "sglang"])
-def rollout(request, gpu_world, llama_dir):
+def rollout(request, cuda_world_one, llama_dir):  # noqa: F811
     pytest.importorskip(request.param, reason=f"{request.param} is not installed")
     from verl.config.schema import RolloutConfig
 
@@ -89,7 +76,7 @@ def test_sleep_frees_memory_and_the_cycle_generates(rollout, llama_dir):
 
 
 @pytest.fixture(scope="module")
-def vllm_lora_rollout(gpu_world, llama_dir):
+def vllm_lora_rollout(cuda_world_one, llama_dir):  # noqa: F811
     """vLLM serving a LoRA actor's adapters (rollout.lora_sync: adapter) on the base weights it loaded."""
     pytest.importorskip("vllm", reason="vllm is not installed")
     from verl.config.schema import RolloutConfig

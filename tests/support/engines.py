@@ -52,6 +52,16 @@ def gloo_world_one():
 
 
 @pytest.fixture(scope="module")
+def cuda_world_one():
+    """torch.distributed with world size 1 over NCCL on GPU 0 (tests/gpu), as a worker on a GPU has it."""
+    if not dist.is_initialized():
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        torch.cuda.set_device(0)
+        dist.init_process_group("nccl", rank=0, world_size=1)
+    yield
+
+
+@pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory) -> str:
     return make_llama_dir(str(tmp_path_factory.mktemp("llama")))
 
