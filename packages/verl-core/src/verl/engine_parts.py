@@ -82,7 +82,9 @@ def _token_pieces(lengths: List[int], groups: List[tuple], cap: int) -> List[tup
     pieces, start, used = [], 0, 0
     for a, b in groups:
         n = sum(lengths[a:b])
-        if n > cap:  # close the open piece, then cut this group by rows
+        # A group over the cap is cut by rows in pieces of its own: its rows never join a neighbour's piece, so a
+        # lower cap tried while balancing cannot part a group that fits the budget.
+        if n > cap:
             if a > start:
                 pieces.append((start, a))
             start, used = a, 0

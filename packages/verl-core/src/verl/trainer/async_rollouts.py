@@ -18,6 +18,7 @@ again to the others (`async/resubmitted`). Validation runs through the service t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -194,17 +195,7 @@ class AsyncRollouts:
             )
         done = {i * slot.n + k: slot.done[g * slot.n + k] for i, g in enumerate(keep) for k in range(slot.n)}
         self._keep_groups(slot, keep)
-        return Slot(
-            slot.index,
-            slot.prompts[keep],
-            slot.data_position,
-            slot.submitted_version,
-            slot.n,
-            slot.temperature,
-            done=done,
-            regenerated=slot.regenerated,
-            resubmitted=slot.resubmitted,
-        )
+        return dataclasses.replace(slot, prompts=slot.prompts[keep], done=done, attempt={}, dropped=set())
 
     def _keep_groups(self, slot: Slot, keep: List[int]) -> None:
         """What a subclass holds per row of `slot`, narrowed to the groups `keep` (nothing here)."""
