@@ -379,7 +379,6 @@ def test_interpolated_section_then_override(tmp_path):
 @pytest.mark.parametrize(
     "key, replacement",
     [
-        ("actor.optimizer_offload", "actor.param_offload"),
         ("rollout.log_prob_micro_batch_size_per_device", "actor.log_prob_micro_batch_size_per_device"),
         ("model.trust_remote_code", "transformers' own classes"),
     ],

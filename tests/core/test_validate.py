@@ -434,14 +434,15 @@ def test_valid_enum_values_pass():
     assert check(update) == []
 
 
-@pytest.mark.parametrize("key", ["actor.param_offload", "ref.param_offload"])
-def test_megatron_refuses_offload_switches_it_would_ignore(key):
+@pytest.mark.parametrize(
+    "key", ["actor.param_offload", "actor.optimizer_offload", "ref.param_offload", "critic.optimizer_offload"]
+)
+@pytest.mark.parametrize("backend", ["fsdp", "megatron"])
+def test_both_engines_take_the_offload_switches(key, backend):
     section, name = key.split(".")
-    cfg = make_cfg({"actor": {"backend": "megatron"}, "ref": {"enable": True}}, {section: {name: True}})
-    problems = [p for p in validate(cfg, installed=None) if p.key == key]
-    assert problems and problems[0].severity == "error" and "fsdp" in problems[0].fix
-    fsdp = make_cfg({"ref": {"enable": True}}, {section: {name: True}})
-    assert not [p for p in validate(fsdp, installed=None) if p.key == key]
+    roles = {"actor": {"backend": backend}, "ref": {"enable": True}, "critic": {"enable": True, "backend": backend}}
+    cfg = make_cfg(roles, {section: {name: True}})
+    assert not [p for p in validate(cfg, installed=None) if p.key == key]
 
 
 @pytest.mark.parametrize("key", ["actor.use_kl_loss", "algorithm.use_kl_in_reward"])

@@ -75,12 +75,16 @@ def test_grpo_steps_log_grouped_metrics_and_checkpoint(tmp_path):
 
 
 def test_ppo_with_critic_reference_and_kl_in_reward(tmp_path):
+    """Also with every role's offload switches on: each phase brings back what it needs (the engine contract
+    checks the results are bitwise those without offload)."""
     cfg = tiny_config(
         "ppo_tiny",
         str(tmp_path),
         "trainer.controller=local",
         "actor.ppo_micro_batch_size_per_device=2",  # a mini-batch of 2 prompts x n=1 is 2 rows
         "critic.ppo_micro_batch_size_per_device=2",
+        *(f"{key}=true" for key in ("actor.param_offload", "actor.optimizer_offload", "ref.param_offload")),
+        *(f"{key}=true" for key in ("critic.param_offload", "critic.optimizer_offload")),
     )
     _run(cfg)
     row = _metrics(tmp_path)[-1]

@@ -40,7 +40,8 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "bfloat16"  # parameter/compute dtype on GPU; CPU always computes in float32
     gradient_checkpointing: bool = False
-    param_offload: bool = False
+    param_offload: bool = False  # parameters in host memory between phases (release_memory() sends them)
+    optimizer_offload: bool = False  # optimizer state in host memory except while it steps, saves or loads
     use_fused_kernels: bool = False
     shared_prefix: bool = True  # rows with the same prompt computed as one sequence (verl.utils.shared_prefix)
     attn_implementation: str = "sdpa"  # Hugging Face's, for engines that run HF modules (fsdp)
@@ -130,6 +131,10 @@ class TrainEngine(Protocol):
 
     def export_hf(self, path: str) -> None:
         """Write a Hugging Face folder (safetensors, config, tokenizer); collective, rank 0 writes."""
+
+    def release_memory(self) -> None:
+        """Send the parameters to host memory when `param_offload` asks (the next call that needs them brings them
+        back) and return cached device blocks, so another phase on these devices (generation) gets the memory."""
 
 
 class RolloutEngine(Protocol):

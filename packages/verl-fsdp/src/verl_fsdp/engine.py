@@ -34,6 +34,7 @@ from verl.engine import EngineConfig, LossFn, Metrics
 from verl.protocol import DataProto
 from verl.utils.hf_files import copy_tokenizer_files
 from verl.utils.logprob import entropy_from_logits, logprobs_from_logits
+from verl.utils.offload import Away, empty_device_cache, optimizer_state_tensors
 from verl.utils.padding_free import padding_free
 from verl.utils.shared_prefix import MASKABLE_ATTENTION, PrefixPack, attention_weight_of, pack_shared_prefixes
 from verl_fsdp.lora import adapter_state, apply_lora, is_lora, merged_weights
@@ -62,13 +63,17 @@ class FSDPEngine:
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
+        if cfg.param_offload:  # weights read straight from safetensors may sit in storage that cannot be emptied
+            for p in model.parameters():
+                if not p.untyped_storage().resizable():
+                    p.data = p.data.clone()
         if cfg.lora is not None:  # before sharding: FSDP shards the adapters with their layers
             model = apply_lora(model, cfg.lora, cfg.kind)
-        # FSDP earns its hooks by sharding, mixed precision or offload; with none of them it only adds overhead.
-        self.sharded = self.world_size > 1 or self.dtype != torch.float32 or (cfg.param_offload and cfg.device != "cpu")
+        # FSDP earns its hooks by sharding or mixed precision; with neither it only adds overhead.
+        self.sharded = self.world_size > 1 or self.dtype != torch.float32
         if self.sharded:
-            apply_fsdp(model, self.mesh, device=cfg.device, dtype=self.dtype, param_offload=cfg.param_offload)
-        if cfg.device != "cpu" and not cfg.param_offload:
+            apply_fsdp(model, self.mesh, device=cfg.device, dtype=self.dtype)
+        if cfg.device != "cpu":
             model.to(self.device)
         self.model = model
         self.optimizer = None
@@ -77,6 +82,25 @@ class FSDPEngine:
         if cfg.optim is not None:
             # LoRA: the frozen base has no gradients and no optimizer state
             self.optimizer = parts.adamw([p for p in model.parameters() if p.requires_grad], cfg.optim)
+        # Host memory between phases (verl.utils.offload); FSDP's shards are views of its sharded data, kept valid.
+        self.params_away = Away(self.model.parameters, enabled=cfg.param_offload)
+        self.optim_away = Away(
+            lambda: optimizer_state_tensors(self.optimizer), enabled=cfg.optimizer_offload and cfg.optim is not None
+        )
+
+    def release_memory(self) -> None:
+        """verl.engine.TrainEngine.release_memory (gradients are already freed after every step)."""
+        self.params_away.release()
+        empty_device_cache()
+
+    @contextlib.contextmanager
+    def _optimizer_state(self) -> Iterator[None]:
+        """The optimizer state on the device for a step, save or load; back in host memory after (optimizer_offload)."""
+        self.optim_away.resident()
+        try:
+            yield
+        finally:
+            self.optim_away.release()
 
     def data_parallel_info(self) -> Tuple[int, int, bool]:
         return self.rank, self.world_size, True  # FSDP: every rank is its own data-parallel replica
@@ -176,6 +200,7 @@ class FSDPEngine:
         max_tokens: Optional[int] = None,
     ) -> DataProto:
         """verl.engine.TrainEngine.infer; `max_tokens` cuts micro-batches by tokens instead of rows."""
+        self.params_away.resident()
         self.model.eval()
         outs: List[Dict[str, torch.Tensor]] = []
         with torch.no_grad():
@@ -197,6 +222,7 @@ class FSDPEngine:
         Accumulator's weights keep the step the whole batch's); `forward` (temperature, entropy, entropy_grad)
         goes to the forward."""
         parts.require_optimizer(self.optimizer)
+        self.params_away.resident()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         micro = parts.micro_batches(batch, micro_batch_size, max_tokens)
@@ -206,13 +232,16 @@ class FSDPEngine:
             if self.sharded:  # reduce-scatter gradients once, on the last micro-batch, not after every backward
                 self.model.set_requires_gradient_sync(i == len(micro) - 1)
             acc(self._forward(mb, **forward), mb).backward()
-        step = parts.optimizer_step(
-            self.state,
-            self.optimizer,
-            self.cfg,
-            grad_norm=lambda: _full(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)),
-            update=lambda _: self.optimizer.step(),
-        )
+        with self._optimizer_state():
+            step = parts.optimizer_step(
+                self.state,
+                self.optimizer,
+                self.cfg,
+                grad_norm=lambda: _full(
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+                ),
+                update=lambda _: self.optimizer.step(),
+            )
         self.optimizer.zero_grad(set_to_none=True)
         layout = parts.layout_metrics(len(micro), *self._tokens)
         return {**acc.totals, **step, **layout}
@@ -221,6 +250,7 @@ class FSDPEngine:
     def gathered(self) -> Iterator[torch.nn.Module]:
         """Hold every FSDP unit unsharded (full weights, no per-forward all-gathers) for generation, then
         release them: the hybrid engine's generation phase without a second copy of the weights."""
+        self.params_away.resident()
         if not self.sharded:
             yield self.model
             return
@@ -246,6 +276,7 @@ class FSDPEngine:
     # ---- weights and checkpoints ---------------------------------------------------------------------
     def weights(self) -> Iterator[Tuple[str, torch.Tensor]]:
         """Full parameters in Hugging Face names; with LoRA, the base with the adapters merged in."""
+        self.params_away.resident()
         if is_lora(self.model):
             yield from merged_weights(self.model, _full)
             return
@@ -254,6 +285,7 @@ class FSDPEngine:
 
     def lora_adapter(self) -> Optional[Tuple[Dict[str, Any], Iterator[Tuple[str, torch.Tensor]]]]:
         """With LoRA: (peft adapter config, the adapter tensors, full, in peft's saved names); else None."""
+        self.params_away.resident()
         return adapter_state(self.model, _full) if is_lora(self.model) else None
 
     def sync_received_bytes(self) -> int:
@@ -272,7 +304,9 @@ class FSDPEngine:
         return StateDictOptions(ignore_frozen_params=is_lora(self.model), strict=not is_lora(self.model))
 
     def save_checkpoint(self, path: str) -> None:
-        dcp.save(self._sharded_state(), checkpoint_id=path)
+        self.params_away.resident()
+        with self._optimizer_state():
+            dcp.save(self._sharded_state(), checkpoint_id=path)
         parts.save_extra(path, self.state)
         if self.rank == 0:
             with open(parts.meta_file(path, "fsdp"), "w") as f:
@@ -294,23 +328,26 @@ class FSDPEngine:
         }
 
     def load_checkpoint(self, path: str) -> None:
-        state = self._sharded_state()
-        dcp.load(state, checkpoint_id=path)
-        if self.optimizer is None:
-            set_model_state_dict(self.model, state["model"], options=self._state_options())
-        else:
-            set_state_dict(
-                self.model,
-                self.optimizer,
-                model_state_dict=state["model"],
-                optim_state_dict=state["optim"],
-                options=self._state_options(),
-            )
+        self.params_away.resident()
+        with self._optimizer_state():
+            state = self._sharded_state()
+            dcp.load(state, checkpoint_id=path)
+            if self.optimizer is None:
+                set_model_state_dict(self.model, state["model"], options=self._state_options())
+            else:
+                set_state_dict(
+                    self.model,
+                    self.optimizer,
+                    model_state_dict=state["model"],
+                    optim_state_dict=state["optim"],
+                    options=self._state_options(),
+                )
         parts.load_extra(path, self.state)
 
     def export_hf(self, path: str) -> None:
         """Rank 0 writes safetensors + config + tokenizer (and generation config) to `path`; with LoRA, the
         adapters merged in there, and the adapters alone as a peft folder in `path`/lora_adapter."""
+        self.params_away.resident()
         full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         lora = is_lora(self.model)
         # every rank takes part in the gathers; rank 0 keeps the merged tensors

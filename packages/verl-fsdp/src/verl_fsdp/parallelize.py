@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from verl_fsdp.model import decoder_layers
 
@@ -16,15 +16,11 @@ def mixed_precision(device: str, dtype: torch.dtype) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 
-def apply_fsdp(
-    model: torch.nn.Module, mesh: DeviceMesh, *, device: str, dtype: torch.dtype, param_offload: bool
-) -> None:
+def apply_fsdp(model: torch.nn.Module, mesh: DeviceMesh, *, device: str, dtype: torch.dtype) -> None:
     """Shard `model` in place over `mesh`."""
     mp = mixed_precision(device, dtype)
-    # Parameter offload keeps shards in host memory and streams them in per layer (GPU only: on CPU they already are).
-    offload = CPUOffloadPolicy() if param_offload and device != "cpu" else OffloadPolicy()
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=offload)
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
     # The root keeps embeddings, final norm and the output head; it stays gathered after forward, since
     # backward needs it right away.
-    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)

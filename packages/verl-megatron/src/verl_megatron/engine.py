@@ -21,6 +21,7 @@ import torch.distributed as dist
 from verl import engine_parts as parts
 from verl.engine import EngineConfig, LossFn, Metrics
 from verl.protocol import DataProto
+from verl.utils.offload import Away, empty_device_cache, optimizer_state_tensors
 from verl.utils.shared_prefix import attention_weight_of, pack_shared_prefixes
 from verl_megatron import cpu_compat, torch_adam_fix
 from verl_megatron.context_parallel import chunk_positions, local_index, sum_over_group
@@ -94,6 +95,36 @@ class MegatronEngine:
             chunks = self._wrap_ddp(chunks)
             self.optimizer = self._build_optimizer(chunks)
         self.chunks = chunks
+        # Host memory between phases (verl.utils.offload): parameters are views of DDP's contiguous buffer, which
+        # stays valid; the gradient buffer is zeroed before every step, so its content is not kept.
+        self.params_away = Away(self._parameters, enabled=cfg.param_offload)
+        self.grads_away = Away(
+            lambda: [getattr(p, "main_grad", None) for p in self._parameters()], enabled=cfg.param_offload, keep=False
+        )
+        # The optimizer's fp32 groups (bf16 runs: main copies of this rank's shard; fp32: views of the parameters,
+        # which stay) and its moments.
+        self.optim_away = Away(
+            self._optimizer_tensors, enabled=cfg.optimizer_offload and self.optimizer is not None, skip=self._parameters
+        )
+
+    def _parameters(self) -> List[torch.Tensor]:
+        return [p for c in self.chunks for p in c.parameters()]
+
+    def _optimizer_tensors(self) -> List[torch.Tensor]:
+        inner = [o.optimizer for o in getattr(self.optimizer, "chained_optimizers", [self.optimizer])]
+        groups = [p for o in inner for g in o.param_groups for p in g["params"]]
+        return groups + [t for o in inner for t in optimizer_state_tensors(o)]
+
+    def _resident(self) -> None:
+        """Parameters (and gradient buffers) back on the device before any call that uses them."""
+        self.params_away.resident()
+        self.grads_away.resident()
+
+    def release_memory(self) -> None:
+        """verl.engine.TrainEngine.release_memory."""
+        self.params_away.release()
+        self.grads_away.release()
+        empty_device_cache()
 
     # ---- setup -----------------------------------------------------------------------------------------
     def _wrap_ddp(self, chunks: List[torch.nn.Module]) -> List[torch.nn.Module]:
@@ -349,6 +380,7 @@ class MegatronEngine:
         max_tokens: Optional[int] = None,
     ) -> DataProto:
         """verl.engine.TrainEngine.infer; `max_tokens` cuts micro-batches by tokens instead of rows."""
+        self._resident()
         for c in self.chunks:
             c.eval()
         outs: List[Dict[str, torch.Tensor]] = []
@@ -380,6 +412,7 @@ class MegatronEngine:
     ) -> Metrics:
         """verl.engine.TrainEngine.train_step (as the FSDP engine's) through megatron's pipeline schedule."""
         parts.require_optimizer(self.optimizer)
+        self._resident()
         for c in self.chunks:
             c.train()
             c.zero_grad_buffer()
@@ -396,9 +429,13 @@ class MegatronEngine:
             on_outputs=lambda outputs, mb, i: acc(outputs, mb),
             **forward,
         )
-        step = parts.optimizer_step(
-            self.state, self.optimizer, self.cfg, grad_norm=self._grad_norm, update=self._update
-        )
+        self.optim_away.resident()
+        try:
+            step = parts.optimizer_step(
+                self.state, self.optimizer, self.cfg, grad_norm=self._grad_norm, update=self._update
+            )
+        finally:
+            self.optim_away.release()
         layout = parts.layout_metrics(len(micro), *self._tokens)
         return {**self._from_last_stage(acc.totals), **step, **layout}
 
@@ -430,6 +467,7 @@ class MegatronEngine:
 
         The shipped rollout engines take full tensors (vLLM and SGLang slice their own TP shard while loading);
         gen_tp > 1 serves an engine that takes pre-sharded tensors (HybridFlow's micro-DP gather)."""
+        self._resident()
         if gen_tp not in self._gen_groups:
             self._gen_groups[gen_tp] = generation_groups(self.layout, gen_tp)
         self.last_sync = SyncStats()
@@ -466,8 +504,11 @@ class MegatronEngine:
         from verl_megatron import checkpoint
 
         os.makedirs(path, exist_ok=True)
+        self._resident()
+        self.optim_away.resident()
         dist.barrier()
         checkpoint.save(self._sharded_state(loading=False), path)
+        self.optim_away.release()
         parts.save_extra(path, self.state)
         if dist.get_rank() == 0:
             self._write_meta(path)
@@ -487,6 +528,15 @@ class MegatronEngine:
 
     def load_checkpoint(self, path: str, *, model_only: bool = False) -> None:
         """Restore a checkpoint of this engine (saved at any TP/PP); model_only: weights alone (export)."""
+
+        self._resident()
+        self.optim_away.resident()
+        try:
+            self._load(path, model_only)
+        finally:
+            self.optim_away.release()
+
+    def _load(self, path: str, model_only: bool) -> None:
         from verl_megatron import checkpoint
 
         if self.optimizer is not None and not model_only:

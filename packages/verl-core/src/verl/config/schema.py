@@ -96,8 +96,6 @@ REMOVED_KEYS = {
     "model.trust_remote_code": "remove it: verl builds Llama, Qwen2 and Qwen3 models with transformers' own classes",
     "rollout.log_prob_micro_batch_size_per_device": "use actor.log_prob_micro_batch_size_per_device (the trainer "
     "computes log-probs with the actor's engine)",
-    "actor.optimizer_offload": "use actor.param_offload (FSDP's CPU offload keeps parameters, gradients and "
-    "optimizer state in host memory)",
 }
 
 
@@ -288,7 +286,10 @@ class ActorConfig:
     recompute_old_log_probs: str = one_of("auto", "auto", "always")
     use_fused_kernels: bool = False
     fused_kernel_impl: str = "torch"  # torch | triton (a kernels backend)
-    param_offload: bool = False  # fsdp: parameters, gradients and optimizer state in host memory
+    # host memory between phases (verl.utils.offload): the parameters (and megatron's gradient buffers) after the
+    # weight sync, so a colocated rollout wakes into the freed memory; the optimizer state except while it steps
+    param_offload: bool = False
+    optimizer_offload: bool = False
     # LoRA: only adapters train; the reference is this model with its adapters off (no second model)
     lora: LoraConfig = field(default_factory=LoraConfig)
 
@@ -354,7 +355,7 @@ class RefConfig:
     parallel: Optional[ParallelConfig] = None  # None: the actor's layout
     log_prob_micro_batch_size_per_device: int = at_least(8, 1)
     log_prob_max_tokens_per_device: Optional[int] = at_least(None, 1)  # the log-prob pass cut by tokens
-    param_offload: bool = False
+    param_offload: bool = False  # parameters in host memory except during its log-prob pass
 
 
 @dataclass
@@ -368,6 +369,10 @@ class CriticConfig:
     ppo_micro_batch_size_per_device: int = at_least(1, 1)  # samples per forward/backward (and value pass)
     ppo_max_tokens_per_device: Optional[int] = at_least(None, 1)  # the update and value pass cut by tokens
     ppo_epochs: Optional[int] = at_least(None, 1)  # None: actor.ppo_epochs
+    # host memory between phases: the parameters and gradient buffers after the update, the optimizer state except
+    # while it steps
+    param_offload: bool = False
+    optimizer_offload: bool = False
     cliprange_value: float = positive(0.5)
     loss_agg_mode: Any = "token-mean"
     lora: LoraConfig = field(default_factory=LoraConfig)  # adapters on the trunk; the value head trains in full

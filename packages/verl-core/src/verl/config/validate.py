@@ -262,16 +262,6 @@ def check_fsdp_layout(ctx: Context) -> List[ConfigProblem]:
     ]
 
 
-def check_megatron_offload(ctx: Context) -> List[ConfigProblem]:
-    """The megatron engine keeps parameters and optimizer state on the device: refuse switches it would ignore."""
-    megatron = [r for r in ("actor", "ref") if r in ctx.draft.roles and role_backend(ctx.cfg, r) == "megatron"]
-    return [
-        error_at(key, "the megatron engine does not offload in this version", f"set {key}=false, or use fsdp")
-        for key in (f"{r}.param_offload" for r in megatron)
-        if value(ctx.cfg, key)
-    ]
-
-
 def check_attention(ctx: Context) -> List[ConfigProblem]:
     """flash-attention kernels run on CUDA only."""
     attn = value(ctx.cfg, "model.attn_implementation")
@@ -600,7 +590,6 @@ CHECKS: Sequence[Check] = (
     check_cuda_here,
     check_controller,
     check_fsdp_layout,
-    check_megatron_offload,
     check_attention,
     check_rollout_layout,
     check_virtual_pipeline,

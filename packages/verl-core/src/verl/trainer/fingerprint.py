@@ -34,6 +34,8 @@ FREE = (
     "actor.param_offload",
     "critic.param_offload",
     "ref.param_offload",
+    "actor.optimizer_offload",
+    "critic.optimizer_offload",
     "rollout.gpu_memory_utilization",
 )
 # how a batch is cut for memory, not what it sums to

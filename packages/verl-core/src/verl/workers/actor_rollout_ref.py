@@ -64,6 +64,9 @@ class AdaptersOff:
     def data_parallel_info(self):
         return self.actor.data_parallel_info()
 
+    def release_memory(self) -> None:
+        pass  # the actor's parameters: the actor's to release
+
 
 class ActorRolloutRefWorker(Worker):
     def __init__(
@@ -148,6 +151,8 @@ class ActorRolloutRefWorker(Worker):
                 if engine is not None and plan.role(role) in plan.log_prob_passes:
                     infer = engine.infer(batch, temperature=plan.temperature, **pass_sizes(plan.role(role)))
                     out[key] = infer.batch["log_probs"]
+        if self.ref is not None:  # its one pass of the step is done (ref.param_offload)
+            self.ref.release_memory()
         return DataProto.from_dict(out)
 
     @register(Dispatch.DP_COMPUTE)
@@ -194,6 +199,10 @@ class ActorRolloutRefWorker(Worker):
         if self.rollout is not None:
             with self.peaks("weight_sync"):
                 metrics.update(self._sync_weights())
+            # After the sync and before generation wakes the rollout's KV cache: the actor's parameters leave the
+            # device first (actor.param_offload; its optimizer state already left after the step), so the two
+            # never peak together.
+            self._need("actor").release_memory()
         return {**metrics, **self.peaks.take()}
 
     def _sync_weights(self) -> Dict[str, float]:

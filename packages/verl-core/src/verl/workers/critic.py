@@ -56,6 +56,7 @@ class CriticWorker(Worker):
                 max_tokens=critic.train.max_tokens,
                 loss_fn=critic_loss_fn(self.cfg.critic),
             )
+        self.engine.release_memory()  # until the next step's values (critic.param_offload)
         return {**{f"critic/{k}": v for k, v in metrics.items()}, **self.peaks.take()}
 
     @register(Dispatch.ONE_TO_ALL)
