@@ -10,10 +10,12 @@ warm-up step, then `--steps` timed optimizer steps of the actor's token-mean los
   megatron padded   model.shared_prefix=false, micro-batches of 4 rows (TP=PP=CP=1, local attention)
   megatron packed   shared-prefix packing, micro-batches of 4 rows (one prompt's samples: one packed row)
   megatron budget   shared-prefix packing, micro-batches of <= --budget tokens (balanced), as fsdp packed
+  fsdp/megatron half  shared-prefix packing, micro-batches of <= --budget / 2 tokens
 
 Reported: s/step, tokens/s (prompt + response tokens that are not padding, per second), the tokens the model
-computes per step, and peak RSS above the RSS after the model was built (activations, gradients, optimizer
-state). The fsdp packed budget defaults to the tokens a padded micro-batch of 4 rows holds, so both fsdp
+computes per step, peak activation memory (the most bytes autograd held for backward at once, in one more step
+run under saved-tensor hooks: the largest micro-batch's forward) and peak RSS above the RSS after the model was
+built (activations, gradients, optimizer state, the allocator's caches). The fsdp packed budget defaults to the tokens a padded micro-batch of 4 rows holds, so both fsdp
 settings bound a micro-batch by the same number of tokens.
 
     python benchmarks/packing.py [--steps 3] [--budget 2048] [--out benchmarks/results/packing_cpu.md]
@@ -33,6 +35,7 @@ from pathlib import Path
 
 import torch
 from machine import machine_line, write_report
+from saved_activations import SavedActivations
 
 HERE = Path(__file__).resolve().parent
 PROMPTS, N, MAX_RESPONSE, VOCAB = 4, 4, 512, 2048
@@ -95,7 +98,15 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-SETTINGS = ("fsdp padded", "fsdp packed", "megatron padded", "megatron packed", "megatron budget")
+SETTINGS = (
+    "fsdp padded",
+    "fsdp packed",
+    "fsdp half",
+    "megatron padded",
+    "megatron packed",
+    "megatron budget",
+    "megatron half",
+)
 
 
 def run_setting(model: str, setting: str, steps: int, budget: int) -> dict:
@@ -112,7 +123,7 @@ def run_setting(model: str, setting: str, steps: int, budget: int) -> dict:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     backend, layout = setting.split()
-    packed = layout in ("packed", "budget")
+    packed = layout in ("packed", "budget", "half")
     parallel = types.SimpleNamespace(tp=1, pp=1, vpp=None, cp=1, ep=1, dp=None) if backend == "megatron" else None
     cfg = EngineConfig(
         model_path=model, optim=OptimConfig(lr=1e-5), total_steps=100, shared_prefix=packed, parallel=parallel
@@ -120,7 +131,9 @@ def run_setting(model: str, setting: str, steps: int, budget: int) -> dict:
     engine = load_engine(backend, "train")(cfg)
     batch = make_batch()
     loss = actor_loss_fn(ActorConfig(ppo_mini_batch_size=1, loss_agg_mode="token-mean"))
-    if (packed and backend == "fsdp") or layout == "budget":
+    if layout == "half":
+        kw = dict(micro_batch_size=PROMPTS * N, max_tokens=budget // 2)
+    elif (packed and backend == "fsdp") or layout == "budget":
         kw = dict(micro_batch_size=PROMPTS * N, max_tokens=budget)
     else:
         kw = dict(micro_batch_size=4)
@@ -132,6 +145,9 @@ def run_setting(model: str, setting: str, steps: int, budget: int) -> dict:
         start = time.perf_counter()
         engine.train_step(batch, loss, **kw)
         times.append(time.perf_counter() - start)
+    modules = engine.chunks if backend == "megatron" else [engine.model]
+    with SavedActivations(p for m in modules for p in m.parameters()) as saved:  # (untimed: the hooks cost)
+        engine.train_step(batch, loss, **kw)
     dist.destroy_process_group()
     tokens = int(b["attention_mask"].sum())
     s = sorted(times)[len(times) // 2]
@@ -142,6 +158,7 @@ def run_setting(model: str, setting: str, steps: int, budget: int) -> dict:
         "real_tokens": tokens,
         "computed_tokens": round(metrics["computed_tokens_ratio"] * b["input_ids"].numel()),  # the engine's count
         "peak_rss_above_model_mb": rss_mb() - base,
+        "peak_activation_mb": saved.peak_bytes / 2**20,
     }
 
 
@@ -192,20 +209,22 @@ def report(args, results: list) -> None:
         f"{sorted(int(x) for x in lengths)}; padded width {batch.batch['input_ids'].shape[1]}",
         f"- One optimizer step of the actor's token-mean loss; median of {args.steps} after a warm-up step",
         "",
-        "| setting | s/step | tokens/s | tokens computed / step | peak RSS above the model (MB) |",
-        "|---|---|---|---|---|",
+        "| setting | s/step | tokens/s | tokens computed / step | peak activations (MB) | peak RSS above the model (MB) |",
+        "|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
             f"| {r['setting']} | {r['s_per_step']:.2f} | {r['tokens_per_s']:.0f} | {r['computed_tokens']:,} | "
-            f"{r['peak_rss_above_model_mb']:.0f} |"
+            f"{r['peak_activation_mb']:.0f} | {r['peak_rss_above_model_mb']:.0f} |"
         )
     lines.append("")
-    for backend, layout in (("fsdp", "packed"), ("megatron", "packed"), ("megatron", "budget")):
+    pairs = [("fsdp", "packed"), ("fsdp", "half"), ("megatron", "packed"), ("megatron", "budget"), ("megatron", "half")]
+    for backend, layout in pairs:
         pad, pack = by[f"{backend} padded"], by[f"{backend} {layout}"]
         lines.append(
             f"- {backend} {layout} / padded **{pack['tokens_per_s'] / pad['tokens_per_s']:.2f}x** tokens/s, "
-            f"**{pack['peak_rss_above_model_mb'] / max(pad['peak_rss_above_model_mb'], 1):.2f}x** peak memory above "
+            f"**{pack['peak_activation_mb'] / pad['peak_activation_mb']:.2f}x** peak activation memory, "
+            f"{pack['peak_rss_above_model_mb'] / max(pad['peak_rss_above_model_mb'], 1):.2f}x peak RSS above "
             f"the model ({pad['real_tokens']:,} real tokens per step in both)."
         )
     lines += [
@@ -213,7 +232,9 @@ def report(args, results: list) -> None:
         "padded: `model.shared_prefix=false`, micro-batches of 4 rows; fsdp packed: shared-prefix packing with",
         f"micro-batches of <= {args.budget} tokens (`actor.ppo_max_tokens_per_device`); megatron packed: the same",
         "packing over micro-batches of 4 rows (one prompt's samples), the pack's mask given to megatron's local",
-        f"attention; megatron budget: that packing over micro-batches of <= {args.budget} tokens, balanced.",
+        f"attention; megatron budget: that packing over micro-batches of <= {args.budget} tokens, balanced; half:",
+        f"the packing over micro-batches of <= {args.budget // 2} tokens. A token budget bounds a micro-batch's",
+        "activations; packing computes fewer tokens, so the same step fits in half the budget's micro-batches.",
     ]
     write_report(args.out, lines)
 

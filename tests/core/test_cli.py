@@ -99,6 +99,10 @@ def test_the_plan_says_when_ranks_are_balanced(tmp_path, capsys):
     code, out, err = run(capsys, "validate", recipe(tmp_path), on)  # 2 devices: the actor at DP 2
     assert code == 0, err
     assert "balanced ranks: each step's prompt groups are placed on the actor's 2 data-parallel ranks" in out
+    assert "ranks by token count" in out
+    code, out, err = run(capsys, "validate", recipe(tmp_path), on, "trainer.balance_cost=attention")
+    assert code == 0, err
+    assert "ranks by tokens and attention (trainer.balance_ranks, trainer.balance_cost)" in out
     code, out, err = run(capsys, "validate", recipe(tmp_path))
     assert code == 0, err
     assert "balanced ranks" not in out  # off by default

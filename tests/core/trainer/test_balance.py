@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verl.protocol import DataProto
-from verl.trainer.balance import balance_batch, balanced_sets, imbalance
+from verl.trainer.balance import balance_batch, balanced_sets, group_cost, imbalance
 
 
 def test_balanced_sets_by_hand():
@@ -82,3 +82,22 @@ def test_uneven_groups_stay_as_they_are():
     batch = _batch([8, 8, 7, 1, 1, 1], n=3)  # 2 groups of 3 rows: 6 rows on 4 ranks do not split
     same, metrics = balance_batch(batch, 4)
     assert same is batch and metrics["perf/rank_imbalance"] == metrics["perf/rank_imbalance_before"]
+
+
+def test_group_cost_by_hand():
+    # a prompt of 3 with responses 1 and 2: packed, one sequence of 6 (21 causal pairs); else rows of 4 and 5
+    assert group_cost(3, [1, 2], shared_prefix=True, attention_weight=0.0) == 6
+    assert group_cost(3, [1, 2], shared_prefix=True, attention_weight=0.5) == 6 + 0.5 * 21
+    assert group_cost(3, [1, 2], shared_prefix=False, attention_weight=0.5) == 9 + 0.5 * (10 + 15)
+
+
+def test_attention_cost_keeps_the_longest_sequence_with_the_shortest():
+    # 6 groups of 2 rows, prompts of 3, packed lengths 12, 12, 12, 6, 6, 18. By tokens (33 a rank) the longest
+    # group shares a rank with a 12 and a 6 (36 vs 30); counting attention (L + L(L+1)/2 at weight 1: 90, 27, 189)
+    # it goes with the two 6s and the three 12s share the other rank (243 vs 270).
+    batch = _batch([5, 4, 5, 4, 5, 4, 2, 1, 2, 1, 8, 7])
+    by_tokens, _ = balance_batch(batch, 2, shared_prefix=True)
+    by_attention, metrics = balance_batch(batch, 2, shared_prefix=True, attention_weight=1.0)
+    assert by_tokens.batch["row"].tolist() == [4, 5, 8, 9, 10, 11, 0, 1, 2, 3, 6, 7]
+    assert by_attention.batch["row"].tolist() == [6, 7, 8, 9, 10, 11, 0, 1, 2, 3, 4, 5]
+    assert metrics["perf/rank_imbalance"] == imbalance([9 + 9 + 21, 15 * 3])  # (tokens, each row's prompt counted)

@@ -35,3 +35,27 @@ def test_vllm_tp2_on_its_own_pool_generates_with_the_actors_weights(ray_three_cp
         assert row["rollout/weight_version"] == row["step"]
         assert row["rollout/logprob_diff_max"] < 1e-4, row["rollout/logprob_diff_max"]
     assert rows[-1]["actor/grad_norm"] > 0
+
+
+def test_async_mode_serves_requests_from_vllms_own_scheduler(ray_three_cpus, tmp_path):
+    """trainer.mode=async with vLLM on a pool of its own: the rollout service steps vLLM's scheduler (continuous
+    batching, partial rollouts computed anew under new weights), within the staleness bound."""
+    cfg = tiny_config(
+        "grpo_tiny_vllm",
+        str(tmp_path),
+        "placement.devices_per_node=2",
+        "placement.pools=[{name: train, roles: [actor], devices: 1}, {name: gen, roles: [rollout], devices: 1}]",
+        "trainer.mode=async",
+        "trainer.max_staleness=1",
+        "actor.tis_imp_ratio_cap=2.0",
+        "rollout.n=4",
+        ODD_LENGTH_REWARD,
+        steps=3,
+    )
+    summary, rows = fit(cfg)
+    assert summary["steps"] == 3
+    assert [row["rollout/weight_version"] >= row["step"] - 1 for row in rows] == [True] * 3
+    assert all(row["async/staleness_max"] <= 1 for row in rows)
+    # the first batch was sampled by the weights the trainer starts from: vLLM's log-probs are the trainer's
+    assert rows[0]["async/staleness_max"] == 0 and rows[0]["rollout/logprob_diff_max"] < 1e-4
+    assert all(row["perf/rollout_tokens_per_s"] > 0 for row in rows)

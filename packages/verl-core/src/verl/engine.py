@@ -14,7 +14,7 @@ Per-token outputs are aligned with `responses`: out[:, t] belongs to responses[:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Dict, Iterable, Iterator, Optional, Protocol, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterable, Iterator, List, Optional, Protocol, Tuple
 
 import torch
 
@@ -166,6 +166,18 @@ class RolloutEngine(Protocol):
     def sleep(self) -> None: ...
 
     def wake(self) -> None: ...
+
+    # Optional: an engine with a scheduler of its own (vllm) offers request-level stepping, and the rollout
+    # service then lets it batch continuously instead of calling `generate` in turns (verl.workers.rollout_server).
+    def add_request(self, request_id: str, prompt: List[int], *, temperature: float, max_tokens: int) -> None:
+        """Start generating for one request (token ids, no padding); its tokens come from `step_requests`."""
+
+    def step_requests(self) -> List[Tuple[str, List[int], List[float], bool]]:
+        """One scheduler step: (request id, new tokens, their log-probs, finished) for each request that gained
+        tokens or finished."""
+
+    def abort_requests(self, request_ids: List[str]) -> None:
+        """Stop generating for these requests (unknown or finished ones are ignored)."""
 
 
 def load_engine(backend: str, kind: str) -> type:

@@ -90,6 +90,10 @@ class FSDPEngine:
 
     def release_memory(self) -> None:
         """verl.engine.TrainEngine.release_memory (gradients are already freed after every step)."""
+        if self.sharded:  # the root stays unsharded after a forward without backward (a log-prob pass)
+            for m in self.model.modules():
+                if isinstance(m, FSDPModule):
+                    m.reshard()
         self.params_away.release()
         empty_device_cache()
 

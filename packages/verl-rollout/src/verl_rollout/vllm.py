@@ -12,6 +12,10 @@
 - On GPU, `free_cache_engine` turns on vLLM's sleep mode: `sleep()` drops the KV cache and the weights
   while the actor trains; the weights come back through the next sync, then the KV cache.
   A CPU build has no sleep mode; there the engine keeps its memory (`VLLM_CPU_KVCACHE_SPACE`, GiB, sizes it).
+- The rollout service (trainer.mode=async) drives vLLM's own scheduler request by request (`add_request`,
+  `step_requests`, `abort_requests`): continuous batching at every token, each request's KV cache kept between
+  steps; a weight update aborts the requests in flight and the service submits them again, their tokens so far
+  as prompt, so they continue under the new weights.
 - A LoRA actor with `rollout.lora_sync: adapter`: the engine keeps the base weights it loaded and serves the
   actor's adapters with vLLM's LoRA support. `load_adapter` writes them as a peft folder in memory (/dev/shm)
   and reloads vLLM's adapter in place; every request generates with it. Sleep then offloads the base weights
@@ -46,6 +50,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 from vllm import LLM, SamplingParams  # noqa: E402  # pants: no-infer-dep (the optional extra; resolve `vllm`)
 from vllm.inputs import TokensPrompt  # noqa: E402  # pants: no-infer-dep
 from vllm.lora.request import LoRARequest  # noqa: E402  # pants: no-infer-dep
+from vllm.sampling_params import RequestOutputKind  # noqa: E402  # pants: no-infer-dep
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
 ADAPTER_ID = 1  # the one adapter slot, reloaded in place after every update
@@ -130,6 +135,7 @@ class VLLMRollout:
         self.adapters = bool(lora_rank)
         self.lora_request: Optional[LoRARequest] = None  # the adapter every request generates with, once sent
         self.adapter_dir: Optional[str] = None
+        self.stepping: set = set()  # ids of the service's requests inside vLLM's scheduler
 
     @classmethod
     def build(cls, cfg, *, model_path: str, actor: Optional[Any] = None, **settings: Any) -> "VLLMRollout":
@@ -159,6 +165,11 @@ class VLLMRollout:
                 "the rollout's weights were discarded (sleep, while the actor trained); sync the actor's weights "
                 "into it (update_weights) before generating"
             )
+        if self.stepping:
+            raise RuntimeError(
+                f"{len(self.stepping)} rollout-service requests are inside this vLLM engine; generate through the "
+                "service (its requests), or abort them first"
+            )
         self._wake_kv_cache()
         temperature = self.cfg.temperature if temperature is None else temperature
         width = max_new_tokens or self.max_new_tokens
@@ -182,6 +193,36 @@ class VLLMRollout:
         lp = pad_rows(log_probs, width, 0.0, torch.float32)
         lengths = torch.tensor([len(t) for t in tokens])
         return assemble_rollout(prompts, responses, lp, lengths, eos_ids=self.eos_ids)
+
+    # ---- request-level stepping (the rollout service) ------------------------------------------------------
+    def add_request(self, request_id: str, prompt: List[int], *, temperature: float, max_tokens: int) -> None:
+        """verl.engine.RolloutEngine.add_request: into vLLM's scheduler, its tokens handed out as they come."""
+        self._wake_kv_cache()
+        params = self._sampling(1, temperature, max_tokens)
+        params.output_kind = RequestOutputKind.DELTA  # each step returns only the new tokens
+        self.llm.llm_engine.add_request(
+            request_id, TokensPrompt(prompt_token_ids=list(prompt)), params, lora_request=self.lora_request
+        )
+        self.stepping.add(request_id)
+
+    def step_requests(self) -> List[Tuple[str, List[int], List[float], bool]]:
+        """verl.engine.RolloutEngine.step_requests: one step of vLLM's scheduler over every request in it."""
+        out = []
+        for request in self.llm.llm_engine.step():
+            sample = request.outputs[0]
+            tokens = list(sample.token_ids)
+            log_probs = [step[tok].logprob for step, tok in zip(sample.logprobs or [], tokens)]
+            out.append((request.request_id, tokens, log_probs, bool(request.finished)))
+            if request.finished:
+                self.stepping.discard(request.request_id)
+        return out
+
+    def abort_requests(self, request_ids: List[str]) -> None:
+        """verl.engine.RolloutEngine.abort_requests."""
+        ids = [i for i in request_ids if i in self.stepping]
+        if ids:
+            self.llm.llm_engine.abort_request(ids)
+            self.stepping.difference_update(ids)
 
     def update_weights(self, weights: Weights) -> int:
         """Load the actor's weights (Hugging Face names, full tensors) into vLLM in place; returns bytes loaded."""

@@ -113,7 +113,7 @@ def _batch_lines(plan: Plan) -> List[str]:
     if plan.balance_dp > 1:
         lines.append(
             f"balanced ranks: each step's prompt groups are placed on the actor's {plan.balance_dp} data-parallel "
-            "ranks by token count (trainer.balance_ranks)"
+            f"ranks by {plan.balance_cost} (trainer.balance_ranks, trainer.balance_cost)"
         )
     if plan.ref_from_actor:
         lines.append("ref: the actor's own model with its LoRA adapters off (actor.lora; no second model)")

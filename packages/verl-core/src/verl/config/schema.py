@@ -507,6 +507,9 @@ class TrainerConfig:
     # default: today's engines compute padded or packed rows whose cost follows their shape, not their tokens
     # (benchmarks/results/balance_ranks_cpu.md); it pays with variable-length attention
     balance_ranks: bool = False
+    # what balance_ranks evens out: tokens, or tokens plus each sequence's attention (its query-key pairs, weighted
+    # ~1/(6 hidden) of a token's dense cost: what long sequences add)
+    balance_cost: str = one_of("tokens", "tokens", "attention")
     # sync: every step generates, then trains (the rollout waits for the update, the actor for generation).
     # one_step_off: the rollout, on a pool of its own, generates step k+1's batch with the weights of step k-1's
     # update while the actor trains on step k (samples one update old; old log-probs recomputed by the actor).

@@ -4,7 +4,9 @@ A worker group splits a batch into `dp` contiguous chunks of equal rows, one per
 waits for its slowest rank. With long-tail response lengths the chunks of a batch in generation order carry very
 different token counts. `balance_batch` reorders the batch (every column together, so nothing needs to be put
 back) so that each chunk holds whole prompt groups (the samples of one prompt stay together: their prompt is
-computed once, verl.utils.shared_prefix) and the chunks' token counts are as even as the greedy rule makes them.
+computed once, verl.utils.shared_prefix) and the chunks' costs are as even as the greedy rule makes them. A
+group's cost is its tokens (its prompt once when packed), plus, with an `attention_weight`, the query-key pairs of
+its sequences (one packed sequence per group, else one per row) at that weight against a token's dense cost.
 """
 
 from __future__ import annotations
@@ -42,11 +44,23 @@ def _chunk_tokens(tokens: torch.Tensor, dp: int) -> List[float]:
     return [float(c.sum()) for c in tokens.chunk(dp)]
 
 
-def balance_batch(batch: DataProto, dp: int, *, shared_prefix: bool = False) -> Tuple[DataProto, Dict[str, float]]:
+def group_cost(prompt: float, responses: Sequence[float], *, shared_prefix: bool, attention_weight: float) -> float:
+    """What one prompt group costs a rank: its tokens, plus attention_weight x the query-key pairs of its causal
+    sequences (the packed one, prompt then every response; or each row's own)."""
+    if shared_prefix:
+        length = prompt + sum(responses)
+        return length + attention_weight * length * (length + 1) / 2
+    return sum(prompt + r + attention_weight * (prompt + r) * (prompt + r + 1) / 2 for r in responses)
+
+
+def balance_batch(
+    batch: DataProto, dp: int, *, shared_prefix: bool = False, attention_weight: float = 0.0
+) -> Tuple[DataProto, Dict[str, float]]:
     """`batch` reordered so that its `dp` contiguous chunks hold whole groups (by the `uid` column) of balanced
-    tokens; with `shared_prefix` a group's prompt counts once. Metrics: perf/rank_imbalance (max over mean of the
-    chunks' tokens) after, and perf/rank_imbalance_before in the order the batch came. Batches whose groups differ
-    in size, or do not split into `dp` equal parts, are left as they are."""
+    cost (`group_cost`: tokens, a group's prompt once with `shared_prefix`, and its attention at
+    `attention_weight`). Metrics: perf/rank_imbalance (max over mean of the chunks' tokens) after, and
+    perf/rank_imbalance_before in the order the batch came. Batches whose groups differ in size, or do not split
+    into `dp` equal parts, are left as they are."""
     b = batch.batch
     prompt_len = b["input_ids"].shape[1] - b["responses"].shape[1]
     prompt_tokens = b["attention_mask"][:, :prompt_len].sum(-1).float()
@@ -59,7 +73,12 @@ def balance_batch(batch: DataProto, dp: int, *, shared_prefix: bool = False) -> 
     if count % dp or len({len(r) for r in rows}) != 1:
         return batch, {"perf/rank_imbalance_before": before, "perf/rank_imbalance": before}
     costs = [
-        float(response_tokens[r].sum()) + float(prompt_tokens[r[0]] if shared_prefix else prompt_tokens[r].sum())
+        group_cost(
+            float(prompt_tokens[r[0]]),
+            response_tokens[r].tolist(),
+            shared_prefix=shared_prefix,
+            attention_weight=attention_weight,
+        )
         for r in rows
     ]
     order = [row for s in balanced_sets(costs, dp) for g in s for row in rows[g]]

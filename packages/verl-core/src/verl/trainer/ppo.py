@@ -333,6 +333,17 @@ class PPOTrainer:
         scores, _ = self.reward(self.sample(prompts, n=1, temperature=0.0))
         return scores.sum(-1).repeat_interleave(self.cfg.rollout.n)
 
+    @functools.cached_property
+    def _balance_attention_weight(self) -> float:
+        """The weight trainer.balance_cost gives a query-key pair against a token (0: tokens only)."""
+        if self.cfg.trainer.balance_cost != "attention":
+            return 0.0
+        from transformers import AutoConfig
+
+        from verl.utils.shared_prefix import attention_weight_of
+
+        return attention_weight_of(AutoConfig.from_pretrained(self.model_path))
+
     def score(self, batch: DataProto) -> Dict[str, float]:
         scores, metrics = self.reward(batch)
         batch.batch["token_level_scores"] = scores
@@ -458,7 +469,10 @@ class PPOTrainer:
             metrics.update(sampling_metrics)
         if self.plan.balance_dp > 1:  # whole prompt groups onto the data-parallel ranks, even in tokens
             batch, balance_metrics = balance_batch(
-                batch, self.plan.balance_dp, shared_prefix="actor" in self.plan.shared_prefix
+                batch,
+                self.plan.balance_dp,
+                shared_prefix="actor" in self.plan.shared_prefix,
+                attention_weight=self._balance_attention_weight,
             )
             metrics.update(balance_metrics)
         metrics_of_rollout = rollout_metrics(batch, self.step)

@@ -13,6 +13,12 @@ at an eos or at its token limit. Loading weights waits for the turn in progress,
 that was midway continues under the new version, keeping its tokens and their log-probs (a partial rollout:
 `Finished.versions` says which policy produced each token). `pause` holds the thread after its turn, `abort`
 drops requests. Continuous batching comes from the turns: a request submitted now joins the next turn.
+
+An engine with a scheduler of its own (`add_request` / `step_requests` / `abort_requests`: vllm) is instead
+stepped: requests go into its scheduler (up to `max_batch` at a time) and each step adds a token to every running
+one, its KV cache kept between steps (no prefill again per turn; `chunk` does not apply). A weight load aborts the
+requests inside the engine and puts them in again with their tokens so far as prompt: they continue under the new
+weights, computed anew.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ class Request:
     versions: List[int] = field(default_factory=list)  # the policy version that sampled each token
     submitted_at: float = 0.0
     streamed: int = 0  # tokens already handed out by a streaming poll
+    engine_id: Optional[str] = None  # its id inside a stepped engine's scheduler, while it is there
 
 
 @dataclass
@@ -101,6 +108,10 @@ class RolloutServer:
         self.stats = {"turns": 0, "tokens": 0, "busy_s": 0.0, "interrupted": 0}
         self.cond = threading.Condition()
         self.engine_lock = threading.Lock()  # one turn or one weight load at a time
+        self.stepped = callable(getattr(engine, "step_requests", None))
+        self.by_engine_id: Dict[str, Request] = {}  # (stepped) the requests inside the engine
+        self.to_abort: List[str] = []  # (stepped) engine ids of aborted requests, dropped at the next step
+        self.starts = 0
         self.thread = threading.Thread(target=self._loop, name="rollout-server", daemon=True)
         self.thread.start()
 
@@ -143,7 +154,9 @@ class RolloutServer:
         """Drop requests (in flight or finished and not yet polled); returns how many were found."""
         ids = set(ids)
         with self.cond:
-            found = [i for i in ids if self.live.pop(i, None) is not None]
+            gone = [self.live.pop(i) for i in ids if i in self.live]
+            self.to_abort += [r.engine_id for r in gone if r.engine_id is not None]
+            found = [r.id for r in gone]
             before = len(self.finished)
             self.finished = [f for f in self.finished if f.id not in ids]
             return len(found) + before - len(self.finished)
@@ -161,6 +174,13 @@ class RolloutServer:
     def load_weights(self, weights: Iterable, version: int) -> int:
         """New weights between two turns; requests midway continue with them. Returns the engine's bytes."""
         with self.engine_lock:
+            if self.stepped:  # their KV caches hold the old weights: computed anew from their tokens so far
+                with self.cond:
+                    inside = list(self.by_engine_id.values())
+                self.engine.abort_requests([r.engine_id for r in inside])
+                for r in inside:
+                    r.engine_id = None
+                self.by_engine_id.clear()
             moved = self.engine.update_weights(weights)
             with self.cond:
                 self.version = version
@@ -176,6 +196,10 @@ class RolloutServer:
             self.closed = True
             self.cond.notify_all()
         self.thread.join(timeout=60)
+        if self.stepped and self.by_engine_id:
+            with self.engine_lock:
+                self.engine.abort_requests(list(self.by_engine_id))
+                self.by_engine_id.clear()
 
     # ---- the engine thread -----------------------------------------------------------------------------------
     def _raise_if_failed(self) -> None:
@@ -198,7 +222,7 @@ class RolloutServer:
                 turn = self._next_turn()
                 if not turn:
                     return
-                self._run(turn)
+                self._step() if self.stepped else self._run(turn)
         except BaseException as err:  # reported to the next submit/poll: the caller names the replica
             with self.cond:
                 self.error = err
@@ -213,6 +237,53 @@ class RolloutServer:
             out = self.engine.generate(prompts, n=1, temperature=turn[0].temperature, max_new_tokens=width)
             busy = time.perf_counter() - start
             self._record(turn, out, version, width, busy)
+
+    def _step(self) -> None:
+        """One step of a stepped engine: aborted requests out, new ones in (up to max_batch inside), a token each."""
+        with self.cond:
+            room = self.max_batch - len(self.by_engine_id)
+            new = [r for r in self.live.values() if r.engine_id is None][: max(0, room)]
+            aborted, self.to_abort = self.to_abort, []
+        with self.engine_lock:
+            start = time.perf_counter()
+            self.engine.abort_requests(aborted)
+            for eid in aborted:
+                self.by_engine_id.pop(eid, None)
+            for r in new:
+                if r.engine_id is not None or self.live.get(r.id) is not r:  # (a weight load or an abort came first)
+                    continue
+                self.starts += 1
+                r.engine_id = f"{r.id}#{self.starts}"
+                self.by_engine_id[r.engine_id] = r
+                left = r.max_tokens - len(r.tokens)
+                self.engine.add_request(r.engine_id, r.prompt + r.tokens, temperature=r.temperature, max_tokens=left)
+            version = self.version
+            outs = self.engine.step_requests()
+            busy = time.perf_counter() - start
+            now = time.perf_counter()
+            with self.cond:
+                self.stats["turns"] += 1
+                self.stats["busy_s"] += busy
+                for eid, toks, lps, done in outs:
+                    r = self.by_engine_id.get(eid)
+                    if r is None:
+                        continue
+                    if self.live.get(r.id) is not r:  # aborted during the step
+                        self.by_engine_id.pop(eid)
+                        self.engine.abort_requests([eid])
+                        continue
+                    n = min(len(toks), r.max_tokens - len(r.tokens))
+                    r.tokens += toks[:n]
+                    r.log_probs += lps[:n]
+                    r.versions += [version] * n
+                    self.stats["tokens"] += n
+                    if done or len(r.tokens) >= r.max_tokens:
+                        if not done:
+                            self.engine.abort_requests([eid])
+                        self.by_engine_id.pop(eid)
+                        del self.live[r.id]
+                        self.finished.append(Finished(r.id, r.tokens, r.log_probs, r.versions, now - r.submitted_at))
+                self.cond.notify_all()
 
     def _record(self, turn: List[Request], out: DataProto, version: int, width: int, busy: float) -> None:
         responses, log_probs = out.batch["responses"].tolist(), out.batch["rollout_log_probs"].tolist()

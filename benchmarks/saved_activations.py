@@ -1,0 +1,66 @@
+"""Peak activation memory on any device: the bytes autograd holds for backward, measured through saved-tensor hooks.
+
+A process's resident set (CPU) or torch's allocated bytes (GPU) mix activations with weights, gradients and
+optimizer state. Activations are what packing and token budgets change, and they are exactly the tensors autograd
+saves for backward: this counts each saved tensor's storage once while autograd holds it (parameters excluded) and
+keeps the peak of that sum. A micro-batch's activations are freed by its backward, so the peak is the largest
+micro-batch's forward.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Dict, Iterable, Set
+
+import torch
+
+
+class _Held:
+    """What autograd keeps in place of a saved tensor; its collection means autograd let the tensor go."""
+
+    __slots__ = ("tensor", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+
+class SavedActivations:
+    """`with SavedActivations(model.parameters()) as saved: step()`, then `saved.peak_bytes`."""
+
+    def __init__(self, parameters: Iterable[torch.Tensor] = ()):
+        self._skip: Set[int] = {p.untyped_storage().data_ptr() for p in parameters}
+        self._refs: Dict[int, int] = {}  # storage pointer -> saved tensors holding it
+        self._bytes: Dict[int, int] = {}
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def _pack(self, tensor: torch.Tensor) -> object:
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr in self._skip or tensor.device.type == "meta" or storage.nbytes() == 0:
+            return tensor
+        held = _Held(tensor)
+        if self._refs.get(ptr, 0) == 0:
+            self._bytes[ptr] = storage.nbytes()
+            self.live_bytes += storage.nbytes()
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        self._refs[ptr] = self._refs.get(ptr, 0) + 1
+        weakref.finalize(held, self._release, ptr)
+        return held
+
+    @staticmethod
+    def _unpack(held: object) -> torch.Tensor:
+        return held.tensor if isinstance(held, _Held) else held
+
+    def _release(self, ptr: int) -> None:
+        self._refs[ptr] -= 1
+        if self._refs[ptr] == 0:
+            self.live_bytes -= self._bytes.pop(ptr)
+
+    def __enter__(self) -> "SavedActivations":
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
