@@ -115,10 +115,11 @@ class MegatronEngine:
         groups = [p for o in inner for g in o.param_groups for p in g["params"]]
         return groups + [t for o in inner for t in optimizer_state_tensors(o)]
 
-    def _resident(self) -> None:
-        """Parameters (and gradient buffers) back on the device before any call that uses them."""
+    def _resident(self, grads: bool = False) -> None:
+        """Parameters back on the device before any call that uses them; the gradient buffers for a step."""
         self.params_away.resident()
-        self.grads_away.resident()
+        if grads:
+            self.grads_away.resident()
 
     def release_memory(self) -> None:
         """verl.engine.TrainEngine.release_memory."""
@@ -412,7 +413,7 @@ class MegatronEngine:
     ) -> Metrics:
         """verl.engine.TrainEngine.train_step (as the FSDP engine's) through megatron's pipeline schedule."""
         parts.require_optimizer(self.optimizer)
-        self._resident()
+        self._resident(grads=True)
         for c in self.chunks:
             c.train()
             c.zero_grad_buffer()
