@@ -32,6 +32,7 @@ SOURCES = [str(ROOT / "packages" / p / "src") for p in ("verl-core", "verl-kerne
 sys.path[:0] = SOURCES
 
 from machine import cpu_name  # noqa: E402
+from saved_activations import SavedActivations  # noqa: E402
 
 SHAPE = dict(
     vocab_size=8192,
@@ -79,21 +80,6 @@ def _nll(out, mb):
     return -(out["log_probs"] * mask).sum() / mask.sum(), {}
 
 
-def _saved_bytes(step, params: set) -> int:
-    """Bytes of the distinct storages autograd saves for backward while `step()` runs, parameters excluded."""
-    storages: dict = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
-        if s.data_ptr() not in params:
-            storages[s.data_ptr()] = s.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        step()
-    return sum(storages.values())
-
-
 def _rank(rank: int, world: int, port: int, parallel: dict, model: str, args, results) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -111,12 +97,13 @@ def _rank(rank: int, world: int, port: int, parallel: dict, model: str, args, re
     )
     engine = MegatronEngine(cfg)
     batch = _batch(args.rows, args.seq, SHAPE["vocab_size"])
-    params = {p.untyped_storage().data_ptr() for c in engine.chunks for p in c.parameters()}
 
     def step() -> None:
         engine.train_step(batch, _nll, micro_batch_size=args.rows)
 
-    saved = _saved_bytes(step, params)  # also the warm-up step
+    with SavedActivations(p for c in engine.chunks for p in c.parameters()) as held:  # also the warm-up step
+        step()
+    saved = held.peak_bytes
     seconds = []
     for _ in range(args.repeats):
         start = time.perf_counter()
@@ -160,7 +147,7 @@ def main() -> None:
         f"- machine: {cpu_name()}, {os.cpu_count()} cores; torch {torch.__version__}",
         f"- model: random Llama {SHAPE}; float32",
         f"- batch: {args.rows} rows x {args.seq} tokens ({args.seq // 2} response tokens), one micro-batch",
-        "- saved: bytes autograd keeps for backward during one training step, per rank (the largest rank), "
+        "- saved: the most bytes autograd holds for backward at once in one training step, per rank (the largest rank), "
         "distinct storages, parameters excluded",
         f"- seconds: median of {args.repeats} training steps after a warm-up (slowest rank); noisy on a shared CPU",
         "",
