@@ -10,6 +10,7 @@ TransformerEngine's layers are used when the package is installed (the engine pi
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import math
 import os
@@ -52,7 +53,7 @@ def _nll(out, mb):
     return loss, {"nll": float(loss)}
 
 
-def _one_gpu_engine(model_dir: str, dtype: str):
+def _one_gpu_engine(model_dir: str, dtype: str, **kw):
     """A megatron actor (TP=1, AdamW) on this process's GPU."""
     from verl.config.schema import OptimConfig
     from verl.engine import EngineConfig
@@ -61,7 +62,13 @@ def _one_gpu_engine(model_dir: str, dtype: str):
     _single_gpu_world()
     parallel = types.SimpleNamespace(tp=1, pp=1, vpp=None, cp=1, ep=1, dp=None)
     cfg = EngineConfig(
-        model_path=model_dir, device="cuda", dtype=dtype, parallel=parallel, optim=OptimConfig(lr=1e-3), total_steps=3
+        model_path=model_dir,
+        device="cuda",
+        dtype=dtype,
+        parallel=parallel,
+        optim=OptimConfig(lr=1e-3),
+        total_steps=3,
+        **kw,
     )
     return MegatronEngine(cfg)
 
@@ -101,6 +108,27 @@ def test_bf16_steps_on_one_gpu(model_dir):
     metrics = [engine.train_step(batch, _nll, micro_batch_size=2) for _ in range(3)]
     print(f"GPU bf16: nll {[round(m['nll'], 4) for m in metrics]}")
     assert metrics[-1]["nll"] < metrics[0]["nll"] and all(math.isfinite(m["grad_norm"]) for m in metrics)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None, reason="needs TransformerEngine")
+def test_thd_rows_match_padded_rows_with_transformer_engine(model_dir):
+    """TransformerEngine's attention over the packed THD layout (the engine's choice with TE and shared_prefix):
+    log-probs of a GRPO-shaped batch match the padded rows', and only real tokens are computed."""
+    from tests.support.engines import grouped_batch
+
+    batch = grouped_batch(prompts=3, n=4, vocab=64)
+    valid = batch.batch["response_mask"].bool()
+    padded = _one_gpu_engine(model_dir, "float32", shared_prefix=False)
+    thd = _one_gpu_engine(model_dir, "float32")
+    assert thd.te and thd.thd
+    a = padded.infer(batch, micro_batch_size=6).batch["log_probs"]
+    b = thd.infer(batch, micro_batch_size=6).batch["log_probs"]
+    worst = (a - b)[valid].abs().max().item()
+    print(f"GPU THD vs padded rows (TransformerEngine): max |log-prob difference| = {worst:.2e}")
+    assert worst < LOGPROB_ATOL
+    metrics = thd.train_step(batch, _nll, micro_batch_size=6)
+    real = int(batch.batch["attention_mask"].sum())
+    assert metrics["computed_tokens_ratio"] == pytest.approx(real / batch.batch["input_ids"].numel())
 
 
 def test_grpo_tiny_megatron_steps_on_one_gpu(tmp_path):

@@ -158,18 +158,24 @@ def test_log_probs_and_gradient_match_hf(workers, models, name, parallel):
         print(f"{name} {parallel}: max |log-prob - HF| = {worst:.2e}, grad norm {norms[0]:.6f} vs HF {want:.6f}")
 
 
-@pytest.mark.parametrize("parallel", [{"tp": 2}, {"pp": 2}, {"cp": 2}], ids=["tp2_sp", "pp2", "cp2"])
-def test_packed_rows_give_the_padded_rows_outputs_and_step(workers, models, parallel):
+@pytest.mark.parametrize(
+    "parallel, thd",
+    [({"tp": 2}, False), ({"pp": 2}, False), ({"cp": 2}, False), ({"tp": 2}, True), ({"pp": 2}, True)],
+    ids=["tp2_sp", "pp2", "cp2", "tp2_sp_thd", "pp2_thd"],
+)
+def test_packed_rows_give_the_padded_rows_outputs_and_step(workers, models, parallel, thd):
     """model.shared_prefix on megatron across ranks: a GRPO-shaped batch (3 prompts x 4 samples, two micro-batches
-    of 6 rows) packed by shared prompt gives the padded rows' log-probs (1e-5) and one step's weights (1e-6; Adam's
-    eps=1 makes its first step ~ lr * gradient)."""
+    of 6 rows) packed by shared prompt, or in the THD layout TransformerEngine takes (one stream of real tokens,
+    cu_seqlens; under SP rounded up to a multiple of tp), gives the padded rows' log-probs (1e-5) and one step's
+    weights (1e-6; Adam's eps=1 makes its first step ~ lr * gradient)."""
     batch = grouped_batch(prompts=3, n=4, vocab=83)
     valid = batch.batch["response_mask"].bool()
     with workers(parallel) as group:
         outs, weights, ratios = {}, {}, {}
         for packed in (False, True):
             name = f"packed={packed}"
-            group.call("load", name, models["llama"], OptimConfig(lr=1e-2, eps=1.0), shared_prefix=packed)
+            optim = OptimConfig(lr=1e-2, eps=1.0)
+            group.call("load", name, models["llama"], optim, shared_prefix=packed, thd=thd and packed)
             outs[packed] = group.call("infer", name, batch, micro_batch_size=6)
             ratios[packed] = group.call("train", name, batch, micro_batch_size=6)[0]["computed_tokens_ratio"]
             weights[packed] = group.call("hf_weights", name)[0]

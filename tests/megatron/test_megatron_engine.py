@@ -166,3 +166,36 @@ def test_packed_rows_give_the_padded_rows_outputs_and_step(world_one, llama):
     assert m0["computed_tokens_ratio"] == 1.0 and m1["computed_tokens_ratio"] < 0.8
     assert abs(m1["nll"] - m0["nll"]) < 1e-5
     assert max((w1[k] - w0[k]).abs().max().item() for k in w0) < 1e-6
+
+
+def test_thd_rows_give_the_padded_rows_outputs_and_step(world_one, llama):
+    """The packed THD layout TransformerEngine's attention takes on GPU (every row's real tokens in one stream, the
+    rows' boundaries as cu_seqlens, RoPE restarting per sequence in megatron's own THD path), run here by
+    megatron's local attention with a block-diagonal mask: log-probs, entropy and values within 1e-5 of the padded
+    rows', one step's weights within 1e-6, only real tokens computed."""
+    from verl_megatron.sequences import thd_rows
+
+    batch = grouped_batch(prompts=3, n=4)
+    mask = batch.batch["response_mask"].bool()
+    b = batch.batch
+    rows = thd_rows(b["input_ids"], b["attention_mask"], b["position_ids"], b["responses"], multiple=4)
+    real = int(b["attention_mask"].sum())
+    assert rows.input_ids.shape == (1, -(-real // 4) * 4)  # rounded up by a padding sequence of its own
+    assert rows.cu_seqlens.tolist()[-1] == rows.input_ids.shape[1] and rows.cu_seqlens.tolist()[-2] in (real,)
+    runs = {}
+    for thd in (False, True):
+        engine = _engine(llama, shared_prefix=thd, eps=1.0)
+        critic = _engine(llama, kind="value", optim=False, shared_prefix=thd)
+        engine.thd = critic.thd = thd  # (chosen with TransformerEngine; forced here)
+        out = engine.infer(batch, micro_batch_size=6, entropy=True).batch
+        metrics = engine.train_step(batch, _nll, micro_batch_size=6)
+        values = critic.infer(batch, micro_batch_size=6).batch["values"]
+        runs[thd] = (out, metrics, {k: v.clone() for k, v in engine.weights()}, values)
+    (out0, m0, w0, v0), (out1, m1, w1, v1) = runs[False], runs[True]
+    for key in ("log_probs", "entropy"):
+        assert torch.allclose(out1[key][mask], out0[key][mask], atol=1e-5), key
+        assert torch.all(out1[key][~mask] == 0)
+    assert torch.allclose(v1[mask], v0[mask], atol=1e-5)
+    assert m1["computed_tokens_ratio"] == pytest.approx(real / b["input_ids"].numel())
+    assert abs(m1["nll"] - m0["nll"]) < 1e-5
+    assert max((w1[k] - w0[k]).abs().max().item() for k in w0) < 1e-6

@@ -130,7 +130,9 @@ class EngineWorker(Worker):
         kind: str = "causal_lm",
         dtype: str = "float32",
         shared_prefix: bool = True,
+        thd: Optional[bool] = None,
     ) -> tuple:
+        """thd: force the packed THD layout on or off (the engine takes it with TransformerEngine)."""
         quiet_libraries()
         set_threads(None)
         device = self.device.type  # the pool's: cuda on a GPU pool
@@ -148,6 +150,8 @@ class EngineWorker(Worker):
             shared_prefix=shared_prefix,
         )
         self.engines[name] = load_engine("megatron", "train")(cfg)
+        if thd is not None:
+            self.engines[name].thd = thd
         return self.engines[name].data_parallel_info()
 
     @register(Dispatch.ONE_TO_ALL)

@@ -27,7 +27,7 @@ from verl_megatron import cpu_compat, torch_adam_fix
 from verl_megatron.context_parallel import chunk_positions, local_index, sum_over_group
 from verl_megatron.convert import PipelineSplit, SafetensorsFolder, dims_of, plan
 from verl_megatron.parallel import init_model_parallel, sequence_parallel
-from verl_megatron.sequences import Rows, packed_rows, pad_rows, padded_rows
+from verl_megatron.sequences import Rows, packed_rows, pad_rows, padded_rows, thd_rows
 from verl_megatron.weights import SyncStats, generation_groups, hf_shapes, load_hf, stream_hf, unwrap
 
 logger = logging.getLogger(__name__)
@@ -58,10 +58,13 @@ class MegatronEngine:
         # Sequence parallelism splits a sequence over tp ranks, context parallelism into 2*cp chunks.
         self.seq_multiple = (layout.tp if self.sequence_parallel else 1) * (2 * layout.cp if layout.cp > 1 else 1)
         self.te = transformer_engine_available(cfg.device)
-        if cfg.shared_prefix and self.te:
+        # Packing: TransformerEngine's attention takes no mask but the THD layout (every row's real tokens in one
+        # stream); megatron's local attention takes the shared-prefix pack's mask (each prompt once).
+        self.thd = self.te and layout.cp == 1
+        if cfg.shared_prefix and self.te and not self.thd:
             logger.warning(
-                "model.shared_prefix: TransformerEngine's attention takes no packed-row mask here, so this engine "
-                "computes padded rows (megatron's local attention packs them)"
+                "model.shared_prefix: under context parallelism TransformerEngine's packed (THD) layout is not "
+                "built here, so this engine computes padded rows"
             )
         self.config = transformer_config(
             self.hf_config,
@@ -265,8 +268,10 @@ class MegatronEngine:
         """One micro-batch's rows: packed by shared prompt (model.shared_prefix, local attention: the mask is an
         input) where that pays and `pack` allows, else padded."""
         b = mb.batch
+        positions = b["position_ids"] if "position_ids" in b.keys() else _positions(b["attention_mask"])
+        if pack and self.cfg.shared_prefix and self.thd:
+            return thd_rows(b["input_ids"], b["attention_mask"], positions, b["responses"], self.seq_multiple)
         if pack and self.cfg.shared_prefix and not self.te:
-            positions = b["position_ids"] if "position_ids" in b.keys() else _positions(b["attention_mask"])
             r = b["responses"].shape[1]
             weight = attention_weight_of(self.hf_config)
             prefix_pack = pack_shared_prefixes(b["input_ids"], b["attention_mask"], positions, r, weight)
@@ -281,7 +286,7 @@ class MegatronEngine:
         rows = [self._rows(mb) for mb in micro]
         self._tokens[0] += sum(int(mb.batch["attention_mask"].sum()) for mb in micro)
         self._tokens[1] += sum(mb.batch["input_ids"].numel() for mb in micro)
-        if self.layout.pp > 1 and any(r.mask is None for r in rows):
+        if self.layout.pp > 1 and len({_kind(r) for r in rows}) > 1:  # one kind for the schedule: padded
             rows = [self._rows(mb, pack=False) for mb in micro]
 
         def fit(length: int) -> int:  # (padded rows are sized so by `pack` already)
@@ -314,6 +319,14 @@ class MegatronEngine:
                 keys = torch.cat([chunk_positions(seq, cp, r) for r in range(cp)])
                 out["attention_mask"] = rows.mask[:, :, mine][:, :, :, keys]
             out["local_index"] = local_index(rows.predict_index, seq, cp, rank)
+        if rows.cu_seqlens is not None:
+            from megatron.core.packed_seq_params import PackedSeqParams
+
+            cu = rows.cu_seqlens.to(self.device)
+            longest = int((rows.cu_seqlens[1:] - rows.cu_seqlens[:-1]).max())
+            out["packed_seq_params"] = PackedSeqParams(
+                qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest, max_seqlen_kv=longest
+            )
         return {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in out.items()}
 
     def _run(
@@ -335,7 +348,12 @@ class MegatronEngine:
 
         def forward_step(data_iterator, model):
             i, mb = next(data_iterator)
-            out = model(mb["input_ids"], mb["position_ids"], mb["attention_mask"])
+            out = model(
+                mb["input_ids"],
+                mb["position_ids"],
+                mb["attention_mask"],
+                packed_seq_params=mb.get("packed_seq_params"),
+            )
 
             def loss_func(hidden: torch.Tensor):
                 grad = entropy_grad and not forward_only
@@ -578,6 +596,10 @@ class MegatronEngine:
                 pass
 
         parts.export_then_barrier(write, others=take_part)
+
+
+def _kind(rows: Rows) -> str:
+    return "thd" if rows.cu_seqlens is not None else "padded" if rows.mask is None else "packed"
 
 
 def _zero_past(outputs: Dict[str, torch.Tensor], mb: Dict[str, Any]) -> Dict[str, torch.Tensor]:

@@ -72,6 +72,7 @@ def block_spec(hf_config: Any, config: TransformerConfig, te: bool, vp_stage: Op
     )
 
     from verl_megatron.context_parallel import AllGatherContextAttention
+    from verl_megatron.thd_attention import ThdLocalAttention
 
     spec = copy.deepcopy(layer_spec(hf_config, te))
     final_norm = LayerNormImpl
@@ -88,6 +89,8 @@ def block_spec(hf_config: Any, config: TransformerConfig, te: bool, vp_stage: Op
         final_norm = TorchNorm
         if config.context_parallel_size > 1:
             attention.core_attention = AllGatherContextAttention
+        else:  # also takes the packed THD layout (TransformerEngine's attention does on GPU)
+            attention.core_attention = ThdLocalAttention
     layers = get_num_layers_to_build(config, vp_stage=vp_stage)
     return TransformerBlockSubmodules(layer_specs=[spec] * layers, layer_norm=final_norm)
 
@@ -152,6 +155,8 @@ class GPTHidden(GPTModel):
         sequence: packed rows restart positions inside a row, and a context-parallel rank's tokens are chunks."""
         out = super()._preprocess(input_ids, position_ids, *args, **kwargs)
         if out[1] is None or position_ids is None or self.position_embedding_type != "rope":
+            return out
+        if kwargs.get("packed_seq_params") is not None:  # THD: megatron restarts RoPE at each sequence itself
             return out
         table = self.rotary_pos_emb.get_emb(int(position_ids.max()) + 1)  # [positions, 1, 1, dim]
         emb = table[position_ids.to(table.device)][:, :, 0].transpose(0, 1)  # [s, b, 1, dim]

@@ -9,6 +9,10 @@ its padding mask.
 Packed rows (`model.shared_prefix`, local attention): the micro-batch packed by shared prompt as the FSDP engine
 packs it (verl.utils.shared_prefix: each prompt once, its samples after it, no padding), with the pack's mask given
 to the model as its attention mask; outputs are gathered back to [B, R] from the packed positions.
+
+THD rows (`model.shared_prefix` with TransformerEngine, which takes no mask): every row's real tokens in one
+stream (verl.utils.padding_free), the rows' boundaries as `cu_seqlens` for megatron's packed-sequence parameters;
+no pad token computed except the few that round the stream up to what sequence parallelism splits.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
+
+from verl.utils.padding_free import padding_free
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,7 @@ class Rows:
     predict_index: torch.Tensor  # [B, R] its position in that row
     valid: Optional[torch.Tensor]  # [B, R] False past a packed row's response (outputs zeroed there); None: all
     labels: torch.Tensor  # [B, R]
+    cu_seqlens: Optional[torch.Tensor] = None  # THD rows: [sequences + 1] int32 boundaries in the one row
 
 
 def padded_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: torch.Tensor, multiple: int) -> Rows:
@@ -89,6 +96,23 @@ def packed_rows(prefix_pack: Any, responses: torch.Tensor) -> Rows:
     return Rows(p.input_ids, p.position_ids, ~p.allowed, p.rows, p.cols, p.valid, responses)
 
 
+def thd_rows(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    responses: torch.Tensor,
+    multiple: int,
+) -> Rows:
+    """The THD layout: one row [1, T] of every row's real tokens, `cu_seqlens` their boundaries, T rounded up to a
+    multiple of `multiple` by a padding sequence of its own."""
+    pack = padding_free(input_ids, attention_mask, position_ids, responses.shape[1])
+    lengths = attention_mask.sum(-1).to(torch.int32)
+    cu = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0, dtype=torch.int32)])
+    rows = Rows(pack.input_ids, pack.position_ids, None, pack.rows, pack.cols, pack.valid, responses, cu)
+    t = pack.input_ids.shape[1]
+    return pad_rows(rows, 1, -(-t // multiple) * multiple)
+
+
 def pad_rows(rows: Rows, count: int, length: int) -> Rows:
     """`rows` grown to [count, length] (the pipeline schedule sends one shape for every micro-batch; sequence and
     context parallelism split lengths evenly): added tokens are never read; in packed rows they see only
@@ -97,6 +121,11 @@ def pad_rows(rows: Rows, count: int, length: int) -> Rows:
     if (g, s) == (count, length):
         return rows
     grow = (0, length - s, 0, count - g)
+    cu = rows.cu_seqlens
+    if cu is not None:  # THD: the added tokens are a sequence of their own, seen by nothing else
+        if count != 1:
+            raise ValueError(f"THD rows are one row; cannot grow them to {count}")
+        cu = torch.cat([cu, cu.new_tensor([length])]) if length > s else cu
     mask = None
     if rows.mask is not None:
         mask = torch.ones(count, 1, length, length, dtype=torch.bool, device=rows.mask.device)
@@ -113,4 +142,5 @@ def pad_rows(rows: Rows, count: int, length: int) -> Rows:
         rows.predict_index,
         rows.valid,
         rows.labels,
+        cu,
     )
