@@ -272,18 +272,26 @@ class RolloutServer:
                         self.by_engine_id.pop(eid)
                         self.engine.abort_requests([eid])
                         continue
-                    n = min(len(toks), r.max_tokens - len(r.tokens))
-                    r.tokens += toks[:n]
-                    r.log_probs += lps[:n]
-                    r.versions += [version] * n
-                    self.stats["tokens"] += n
+                    self._extend(r, toks, lps, version)
                     if done or len(r.tokens) >= r.max_tokens:
                         if not done:
                             self.engine.abort_requests([eid])
                         self.by_engine_id.pop(eid)
-                        del self.live[r.id]
-                        self.finished.append(Finished(r.id, r.tokens, r.log_probs, r.versions, now - r.submitted_at))
+                        self._finish(r, now)
                 self.cond.notify_all()
+
+    def _extend(self, r: Request, tokens: List[int], log_probs: List[float], version: int) -> int:
+        """New tokens for `r` (up to its limit), each marked with the version that sampled it; returns how many."""
+        n = min(len(tokens), r.max_tokens - len(r.tokens))
+        r.tokens += tokens[:n]
+        r.log_probs += log_probs[:n]
+        r.versions += [version] * n
+        self.stats["tokens"] += n
+        return n
+
+    def _finish(self, r: Request, now: float) -> None:
+        del self.live[r.id]
+        self.finished.append(Finished(r.id, r.tokens, r.log_probs, r.versions, now - r.submitted_at))
 
     def _record(self, turn: List[Request], out: DataProto, version: int, width: int, busy: float) -> None:
         responses, log_probs = out.batch["responses"].tolist(), out.batch["rollout_log_probs"].tolist()
@@ -295,15 +303,10 @@ class RolloutServer:
             for r, toks, lps, n in zip(turn, responses, log_probs, lengths):
                 if self.live.get(r.id) is not r:  # aborted during the turn
                     continue
-                n = min(int(n), r.max_tokens - len(r.tokens))
-                r.tokens += toks[:n]
-                r.log_probs += lps[:n]
-                r.versions += [version] * n
-                self.stats["tokens"] += n
+                n = self._extend(r, toks[: int(n)], lps[: int(n)], version)
                 ended = n < width or (n > 0 and toks[n - 1] in self.eos_ids)
                 if ended or len(r.tokens) >= r.max_tokens:
-                    del self.live[r.id]
-                    self.finished.append(Finished(r.id, r.tokens, r.log_probs, r.versions, now - r.submitted_at))
+                    self._finish(r, now)
             self.cond.notify_all()
 
     def take_stats(self) -> Dict[str, float]:
