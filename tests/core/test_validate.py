@@ -442,7 +442,9 @@ def test_both_engines_take_the_offload_switches(key, backend):
     section, name = key.split(".")
     roles = {"actor": {"backend": backend}, "ref": {"enable": True}, "critic": {"enable": True, "backend": backend}}
     cfg = make_cfg(roles, {section: {name: True}})
-    assert not [p for p in validate(cfg, installed=None) if p.key == key]
+    problems = [p for p in validate(cfg, installed=None) if p.key == key]
+    # (these test configs place the run on CPU, where offload has no device memory to free: a warning, no error)
+    assert [p.severity for p in problems] == ["warning"] and "CPU" in problems[0].fix
 
 
 @pytest.mark.parametrize("key", ["actor.use_kl_loss", "algorithm.use_kl_in_reward"])

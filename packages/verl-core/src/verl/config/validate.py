@@ -276,6 +276,31 @@ def check_attention(ctx: Context) -> List[ConfigProblem]:
     return []
 
 
+OFFLOAD_KEYS = (
+    "actor.param_offload",
+    "actor.optimizer_offload",
+    "ref.param_offload",
+    "critic.param_offload",
+    "critic.optimizer_offload",
+)
+
+
+def check_offload(ctx: Context) -> List[ConfigProblem]:
+    """Offload frees device memory; a CPU run has none to free (it works, copying within host memory)."""
+    if ctx.draft.plan.device != "cpu":
+        return []
+    return [
+        warning_at(
+            key,
+            "offload moves tensors from the device to host memory; on a CPU run it only copies them within host "
+            "memory each step",
+            f"set {key}=false on CPU (keep it for GPU runs)",
+        )
+        for key in OFFLOAD_KEYS
+        if key.split(".")[0] in ctx.draft.roles and value(ctx.cfg, key)
+    ]
+
+
 def check_rollout_layout(ctx: Context) -> List[ConfigProblem]:
     """A rollout engine splits over tp (and the derived dp) only."""
     parallel = role_parallel(ctx.cfg, "rollout")
@@ -591,6 +616,7 @@ CHECKS: Sequence[Check] = (
     check_controller,
     check_fsdp_layout,
     check_attention,
+    check_offload,
     check_rollout_layout,
     check_virtual_pipeline,
     check_sequence_parallel,
