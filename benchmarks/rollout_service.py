@@ -132,7 +132,6 @@ def main() -> None:
         "turns-32": (lambda: Turns(engine), 32),
         "turns-8": (lambda: Turns(engine), 8),
     }
-    make_requests(8, 8)  # (imports)
     warm = RolloutServer(engine, eos_ids=[], pad_id=0, max_new_tokens=args.max_new_tokens)
     run(warm, make_requests(8, 16, seed=1), None)
     warm.close()

@@ -36,9 +36,12 @@ def test_away_moves_adam_state_but_not_the_parameters_it_skips():
     assert all(t.untyped_storage().nbytes() == 0 for t in optimizer_state_tensors(opt))
     assert all(torch.equal(p, q) for p, q in zip(lin.parameters(), params))
     moved.release()  # already away: nothing more to move
+    with moved.back():  # on the device for the block, then away again
+        assert all(torch.equal(t, s) for t, s in zip(optimizer_state_tensors(opt), state))
+        opt.step()  # the optimizer steps on with its state back
+    assert all(t.untyped_storage().nbytes() == 0 for t in optimizer_state_tensors(opt))
     moved.resident()
-    assert all(torch.equal(t, s) for t, s in zip(optimizer_state_tensors(opt), state))
-    opt.step()  # the optimizer steps on with its state back
+    assert all(not torch.equal(t, s) for t, s in zip(optimizer_state_tensors(opt)[1:3], state[1:3]))  # it stepped
 
 
 def test_disabled_does_nothing_and_dropped_content_gets_its_room_back():

@@ -97,15 +97,6 @@ class FSDPEngine:
         self.params_away.release()
         empty_device_cache()
 
-    @contextlib.contextmanager
-    def _optimizer_state(self) -> Iterator[None]:
-        """The optimizer state on the device for a step, save or load; back in host memory after (optimizer_offload)."""
-        self.optim_away.resident()
-        try:
-            yield
-        finally:
-            self.optim_away.release()
-
     def data_parallel_info(self) -> Tuple[int, int, bool]:
         return self.rank, self.world_size, True  # FSDP: every rank is its own data-parallel replica
 
@@ -236,7 +227,7 @@ class FSDPEngine:
             if self.sharded:  # reduce-scatter gradients once, on the last micro-batch, not after every backward
                 self.model.set_requires_gradient_sync(i == len(micro) - 1)
             acc(self._forward(mb, **forward), mb).backward()
-        with self._optimizer_state():
+        with self.optim_away.back():
             step = parts.optimizer_step(
                 self.state,
                 self.optimizer,
@@ -309,7 +300,7 @@ class FSDPEngine:
 
     def save_checkpoint(self, path: str) -> None:
         self.params_away.resident()
-        with self._optimizer_state():
+        with self.optim_away.back():
             dcp.save(self._sharded_state(), checkpoint_id=path)
         parts.save_extra(path, self.state)
         if self.rank == 0:
@@ -333,7 +324,7 @@ class FSDPEngine:
 
     def load_checkpoint(self, path: str) -> None:
         self.params_away.resident()
-        with self._optimizer_state():
+        with self.optim_away.back():
             state = self._sharded_state()
             dcp.load(state, checkpoint_id=path)
             if self.optimizer is None:

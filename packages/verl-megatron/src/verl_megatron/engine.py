@@ -448,13 +448,10 @@ class MegatronEngine:
             on_outputs=lambda outputs, mb, i: acc(outputs, mb),
             **forward,
         )
-        self.optim_away.resident()
-        try:
+        with self.optim_away.back():  # (optimizer_offload: in host memory except while it steps, saves or loads)
             step = parts.optimizer_step(
                 self.state, self.optimizer, self.cfg, grad_norm=self._grad_norm, update=self._update
             )
-        finally:
-            self.optim_away.release()
         layout = parts.layout_metrics(len(micro), *self._tokens)
         return {**self._from_last_stage(acc.totals), **step, **layout}
 
@@ -524,10 +521,9 @@ class MegatronEngine:
 
         os.makedirs(path, exist_ok=True)
         self._resident()
-        self.optim_away.resident()
         dist.barrier()
-        checkpoint.save(self._sharded_state(loading=False), path)
-        self.optim_away.release()
+        with self.optim_away.back():
+            checkpoint.save(self._sharded_state(loading=False), path)
         parts.save_extra(path, self.state)
         if dist.get_rank() == 0:
             self._write_meta(path)
@@ -547,13 +543,9 @@ class MegatronEngine:
 
     def load_checkpoint(self, path: str, *, model_only: bool = False) -> None:
         """Restore a checkpoint of this engine (saved at any TP/PP); model_only: weights alone (export)."""
-
         self._resident()
-        self.optim_away.resident()
-        try:
+        with self.optim_away.back():
             self._load(path, model_only)
-        finally:
-            self.optim_away.release()
 
     def _load(self, path: str, model_only: bool) -> None:
         from verl_megatron import checkpoint

@@ -9,8 +9,9 @@ so modules, optimizers and hooks that hold them need not know. A tensor whose co
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional
+from typing import Callable, Dict, Iterable, Iterator, List, Optional
 
 import torch
 
@@ -82,7 +83,8 @@ class Away:
     """Tensors a role keeps in host memory while it does not need them: `release()` sends them (a no-op when
     `enabled` is False or they are already away), `resident()` brings them back. `tensors` is called at each
     release (optimizer state appears at the first step); storages in `skip` stay (e.g. the model's parameters,
-    which the optimizer's fp32 groups may view); `keep=False` drops the content (buffers zeroed before use)."""
+    which the optimizer's fp32 groups may view); `keep=False` drops the content (buffers zeroed before use);
+    `with away.back():` holds them on the device for a block and sends them out again after it."""
 
     def __init__(
         self,
@@ -107,6 +109,14 @@ class Away:
 
     def resident(self) -> None:
         self.away.restore()
+
+    @contextlib.contextmanager
+    def back(self) -> Iterator[None]:
+        self.resident()
+        try:
+            yield
+        finally:
+            self.release()
 
 
 def empty_device_cache() -> None:
