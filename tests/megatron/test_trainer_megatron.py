@@ -23,11 +23,8 @@ def _cache(embedded_cache, monkeypatch):  # noqa: F811
 
 
 def _run(cfg):
-    trainer = PPOTrainer(cfg)
-    try:
+    with PPOTrainer(cfg) as trainer:
         return trainer.fit()
-    finally:
-        trainer.close()
 
 
 def _metrics(out_dir) -> list:

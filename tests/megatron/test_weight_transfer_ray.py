@@ -27,8 +27,7 @@ def test_megatron_tp2_weights_reach_both_rollout_replicas_bitwise(tmp_path, ray_
         "placement.pools=[{name: train, roles: [actor, ref], devices: 2}, {name: gen, roles: [rollout], devices: 2}]",
         "trainer.mode=sync",
     )
-    trainer = PPOTrainer(cfg)
-    try:
+    with PPOTrainer(cfg) as trainer:
         assert trainer.plan.layout("actor").tp == 2 and trainer.plan.layout("rollout").dp == 2
         for step in range(2):
             metrics = trainer.train_step()
@@ -44,5 +43,3 @@ def test_megatron_tp2_weights_reach_both_rollout_replicas_bitwise(tmp_path, ray_
             assert metrics["perf/weight_sync_bytes"] == sum(t.numel() * t.element_size() for t in actor.values())
             # the TP=2 halves were gathered on the actor's ranks before rank 0 sent them
             assert metrics["perf/weight_sync_comm_bytes"] > 0
-    finally:
-        trainer.close()

@@ -39,11 +39,8 @@ def fit(cfg: DictConfig) -> tuple[dict, list[dict]]:
 
     from verl.trainer.registry import RLTrainer
 
-    trainer = RLTrainer(cfg)  # the trainer algorithm.name picks
-    try:
+    with RLTrainer(cfg) as trainer:  # the trainer algorithm.name picks
         summary = trainer.fit()
-    finally:
-        trainer.close()
     with open(os.path.join(cfg.trainer.output_dir, "logs", "metrics.jsonl")) as f:
         return summary, [json.loads(line) for line in f]
 

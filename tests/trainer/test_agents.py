@@ -29,9 +29,8 @@ def test_multi_turn_masks_and_log_prob_parity(tmp_path):
         "data.max_response_length=16",
         TWO_TURNS,
     )
-    trainer = PPOTrainer(cfg)
-    try:
-        batch = trainer.generate(trainer.train_loader.next_batch())
+    with PPOTrainer(cfg) as trainer:
+        batch = trainer.rollout.next_batch(trainer.step)[0]
         inserted = InsertRenderer(trainer.tokenizer).ids([{"role": "tool", "content": TOOL_RESULT}])
         b = batch.batch
         for row in range(len(batch)):
@@ -49,8 +48,6 @@ def test_multi_turn_masks_and_log_prob_parity(tmp_path):
         m = b["response_mask"].bool()
         diff = (batch.batch["old_log_probs"] - batch.batch["rollout_log_probs"])[m].abs().max()
         assert diff < 1e-4, f"trainer vs rollout log-probs differ by {diff:.2e} on multi-turn trajectories"
-    finally:
-        trainer.close()
 
 
 class BrokenCalculator:
@@ -93,16 +90,13 @@ def test_an_environment_episode_trains_on_its_return(tmp_path):
         "reward.fn=episode_return",
     ]
     cfg = tiny_config("grpo_tiny", str(tmp_path), "trainer.controller=local", "data.max_response_length=24", *env)
-    trainer = PPOTrainer(cfg)
-    try:
-        batch = trainer.generate(trainer.train_loader.next_batch())
+    with PPOTrainer(cfg) as trainer:
+        batch = trainer.rollout.next_batch(trainer.step)[0]
         scores, _ = trainer.reward(batch)
         returns = [sum(a["turn_rewards"]) for a in batch.non_tensor_batch["agent"]]
         assert scores.sum(-1).tolist() == returns and 0 < sum(returns) < len(returns)
         episodes = batch.non_tensor_batch["agent"]
         assert all(len(a["turn_rewards"]) == a["turns"] for a in episodes) and max(a["turns"] for a in episodes) > 1
-    finally:
-        trainer.close()
     _, rows = fit(cfg)
     assert rows[0]["agent/turns/mean"] > 1 and rows[0]["agent/inserted_tokens/mean"] > 0
     assert "actor/pg_loss" in rows[0]
@@ -170,9 +164,8 @@ def test_an_external_agent_program_trains_through_the_endpoint(tmp_path):
         f"rollout.agent.program=[{sys.executable}, {program}]",
         steps=1,
     )
-    trainer = PPOTrainer(cfg)
-    try:
-        batch = trainer.generate(trainer.train_loader.next_batch())
+    with PPOTrainer(cfg) as trainer:
+        batch = trainer.rollout.next_batch(trainer.step)[0]
         eq = trainer.tokenizer("=", add_special_tokens=False)["input_ids"]
         for row in range(len(batch)):
             info, mask = batch.non_tensor_batch["agent"][row], batch.batch["response_mask"][row]
@@ -183,8 +176,6 @@ def test_an_external_agent_program_trains_through_the_endpoint(tmp_path):
         m = batch.batch["response_mask"].bool()
         diff = (batch.batch["old_log_probs"] - batch.batch["rollout_log_probs"])[m].abs().max()
         assert diff < 1e-4, f"trainer vs endpoint log-probs differ by {diff:.2e}"
-    finally:
-        trainer.close()
     _, rows = fit(cfg)
     assert rows[0]["agent/turns/mean"] == 2 and rows[0]["rollout/logprob_diff_max"] < 1e-4
     assert "actor/pg_loss" in rows[0]

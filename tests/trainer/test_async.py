@@ -28,11 +28,8 @@ def _config(out, *overrides, steps=4):
 
 
 def _fit(cfg) -> None:
-    trainer = PPOTrainer(cfg)
-    try:
+    with PPOTrainer(cfg) as trainer:
         trainer.fit()
-    finally:
-        trainer.close()
 
 
 def _rows(out) -> list[dict]:
@@ -94,17 +91,14 @@ def _train_past_a_dead_replica(trainer: PPOTrainer, steps: int = 3) -> list[dict
 def test_a_replica_that_dies_is_reported_by_name(tmp_path, ray_three_cpus, embedded_cache, monkeypatch):
     monkeypatch.setenv("VERL_CACHE", embedded_cache)
     monkeypatch.setenv("VERL_TEST_PROMPT_LOG", str(tmp_path / "prompts"))
-    trainer = PPOTrainer(_config(tmp_path, *THREE_RANKS))
-    try:
-        assert len(trainer.async_rollouts.client.replicas) == 2
+    with PPOTrainer(_config(tmp_path, *THREE_RANKS)) as trainer:
+        assert len(trainer.rollout.client.replicas) == 2
         trainer.train_step()
         trainer.step += 1
         ray.kill(trainer.workers.rollout.executor.actors[1], no_restart=True)
         with pytest.raises(ReplicaFailed, match=r"rollout replica 1 \(rank 1 of pool 'gen'\) failed") as err:
             trainer.train_step()
         assert err.value.replica == 1
-    finally:
-        trainer.close()
 
 
 def test_with_continue_the_run_goes_on_with_the_replicas_left(tmp_path, ray_three_cpus, embedded_cache, monkeypatch):
@@ -115,17 +109,14 @@ def test_with_continue_the_run_goes_on_with_the_replicas_left(tmp_path, ray_thre
     cfg = _config(
         tmp_path, *THREE_RANKS, "rollout.on_replica_failure=continue", "data.val_files=[embedded:arithmetic-val]"
     )
-    trainer = PPOTrainer(cfg)
-    try:
+    with PPOTrainer(cfg) as trainer:
         before = trainer.validate()["val/n"]
         rows = _train_past_a_dead_replica(trainer)
-        assert trainer.async_rollouts.client.dead == [1] and trainer.workers.rollout_ranks == [0]
+        assert trainer.rollout.client.dead == [1] and trainer.workers.rollout_ranks == [0]
         assert [r["rollout/replicas"] for r in rows] == [1.0, 1.0, 1.0]
         assert [r["rollout/weight_version"] for r in rows] == [2.0, 3.0, 4.0]  # the live replica keeps up
         assert all(r["async/staleness_max"] <= 2 for r in rows)
         assert trainer.validate()["val/n"] == before  # every held-out prompt, on the replica left
-    finally:
-        trainer.close()
 
 
 def test_agent_loops_go_on_when_a_replica_dies_and_stop_by_name_when_none_may(
@@ -137,20 +128,14 @@ def test_agent_loops_go_on_when_a_replica_dies_and_stop_by_name_when_none_may(
     monkeypatch.setenv("VERL_CACHE", embedded_cache)
     monkeypatch.setenv("VERL_TEST_PROMPT_LOG", str(tmp_path / "prompts"))
     agents = (TWO_TURNS, "data.max_response_length=16")
-    trainer = PPOTrainer(_config(tmp_path / "on", *THREE_RANKS, *agents, "rollout.on_replica_failure=continue"))
-    try:
+    with PPOTrainer(_config(tmp_path / "on", *THREE_RANKS, *agents, "rollout.on_replica_failure=continue")) as trainer:
         rows = _train_past_a_dead_replica(trainer)
-        assert trainer.async_rollouts.client.dead == [1]
+        assert trainer.rollout.client.dead == [1]
         assert [r["agent/turns/mean"] for r in rows] == [2.0, 2.0, 2.0]
         assert [r["rollout/weight_version"] for r in rows] == [2.0, 3.0, 4.0]
-    finally:
-        trainer.close()
-    trainer = PPOTrainer(_config(tmp_path / "stop", *THREE_RANKS, *agents))
-    try:
+    with PPOTrainer(_config(tmp_path / "stop", *THREE_RANKS, *agents)) as trainer:
         with pytest.raises(ReplicaFailed, match=r"rollout replica 1 \(rank 1 of pool 'gen'\) failed"):
             _train_past_a_dead_replica(trainer)
-    finally:
-        trainer.close()
 
 
 def test_the_client_streams_tokens_from_a_replica(tmp_path, embedded_cache, monkeypatch):

@@ -47,8 +47,7 @@ def test_weights_reach_every_rollout_rank_bitwise(tmp_path, ray_four_cpus, embed
     """FSDP at world size 2 -> two hf rollout replicas: after each step's sync both hold the actor's weights.
     (trainer.mode=sync syncs the same way: tests/megatron/test_weight_transfer_ray.py runs it.)"""
     monkeypatch.setenv("VERL_CACHE", embedded_cache)
-    trainer = PPOTrainer(_config(tmp_path, *FOUR_RANKS, "rollout.weight_sync_bucket_mb=1"))
-    try:
+    with PPOTrainer(_config(tmp_path, *FOUR_RANKS, "rollout.weight_sync_bucket_mb=1")) as trainer:
         start = trainer.workers.rollout.call(RolloutWorker.rollout_state)
         for step in range(2):
             metrics = trainer.train_step()
@@ -63,17 +62,12 @@ def test_weights_reach_every_rollout_rank_bitwise(tmp_path, ray_four_cpus, embed
             assert metrics["rollout/weight_version"] == step + 1
             assert 0 < metrics["perf/train_busy_fraction"] <= 1 and 0 < metrics["perf/rollout_busy_fraction"] <= 1
         assert any(not torch.equal(actor[k], start[0][k]) for k in actor)  # training moved them
-    finally:
-        trainer.close()
 
 
 def test_one_step_off_trains_on_samples_one_update_old(tmp_path, ray_four_cpus, embedded_cache, monkeypatch):
     monkeypatch.setenv("VERL_CACHE", embedded_cache)
-    trainer = PPOTrainer(_config(tmp_path, "actor.recompute_old_log_probs=always", steps=3))
-    try:
+    with PPOTrainer(_config(tmp_path, "actor.recompute_old_log_probs=always", steps=3)) as trainer:
         trainer.fit()
-    finally:
-        trainer.close()
     rows = [json.loads(line) for line in open(os.path.join(tmp_path, "logs", "metrics.jsonl"))]
     assert [r["async/staleness_max"] for r in rows] == [0.0, 1.0, 1.0]
     # Step 1 trains on samples of the weights it starts from: the rollout's log-probs are the trainer's exactly
@@ -84,12 +78,9 @@ def test_one_step_off_trains_on_samples_one_update_old(tmp_path, ray_four_cpus, 
 
 
 def _final_weights(cfg) -> dict:
-    trainer = PPOTrainer(cfg)
-    try:
+    with PPOTrainer(cfg) as trainer:
         trainer.fit()
         return trainer.workers.actor_rollout.call(ActorRolloutRefWorker.actor_state)[0]
-    finally:
-        trainer.close()
 
 
 def test_one_step_off_resumes_exactly(tmp_path, ray_four_cpus, embedded_cache, monkeypatch):

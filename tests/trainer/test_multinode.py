@@ -39,12 +39,9 @@ def test_grpo_on_two_nodes(two_nodes, tmp_path, embedded_cache, monkeypatch):  #
         "actor.ppo_micro_batch_size_per_device=2",  # a mini-batch of 2 prompts x n=2 over DP 2: 2 rows a rank
         steps=1,
     )
-    trainer = PPOTrainer(cfg)
-    try:
+    with PPOTrainer(cfg) as trainer:
         slots = trainer.workers.actor_rollout.executor.slots
         assert len({s.node_id for s in slots}) == 2  # rank 0 and rank 1 on different nodes
         summary = trainer.fit()
-    finally:
-        trainer.close()
     assert summary["steps"] == 1
     assert (tmp_path / "checkpoints" / "step_1" / "COMPLETE").exists()

@@ -31,10 +31,8 @@ def _fit(trainer) -> tuple[dict, list[dict]]:
     import json
     import os
 
-    try:
+    with trainer:
         summary = trainer.fit()
-    finally:
-        trainer.close()
     with open(os.path.join(trainer.cfg.trainer.output_dir, "logs", "metrics.jsonl")) as f:
         return summary, [json.loads(line) for line in f]
 
@@ -99,12 +97,9 @@ def test_critic_model_path_loads_a_different_model(tmp_path, tiny_llama):
         f"model.path={tiny_llama}",
         f"critic.model_path={other}",
     )
-    trainer = verl.PPOTrainer(cfg)
-    try:
+    with verl.PPOTrainer(cfg) as trainer:
         critic = trainer.workers.critic.call("engine_state")[0]["weights"]
         actor = trainer.workers.actor_rollout.call("actor_state")[0]
-    finally:
-        trainer.close()
     from transformers import AutoModelForCausalLM
 
     want = AutoModelForCausalLM.from_pretrained(other).model.embed_tokens.weight.detach()
@@ -146,11 +141,9 @@ def test_validation_samples_at_val_temperature(tmp_path):
             "data.val_files=[embedded:arithmetic-val]",
             f"rollout.val_temperature={temperature}",
         )
-        trainer = verl.PPOTrainer(cfg, reward_fn=odd_length_reward)  # scores the parity of each response's length
-        try:
+        # odd_length_reward scores the parity of each response's length
+        with verl.PPOTrainer(cfg, reward_fn=odd_length_reward) as trainer:
             return trainer.validate()["val/score/mean"], trainer.validate()["val/score/mean"]
-        finally:
-            trainer.close()
 
     first, second = scores_of_two_validations(0.0)
     assert first == second  # greedy: the same responses both times
@@ -188,11 +181,8 @@ def test_the_documented_entry_points_run_as_documented(tmp_path):
         calls.append(tuple(input_ids.shape))
         return (attention_mask.sum(-1) % 2).float()
 
-    trainer = PPOTrainer(config, reward_fn=odd_tokens)
-    try:
+    with PPOTrainer(config, reward_fn=odd_tokens) as trainer:
         summary = trainer.train()
-    finally:
-        trainer.close()
     assert summary["steps"] == 2 and len(calls) == 2
     with open(os.path.join(str(tmp_path), "logs", "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f]
@@ -209,19 +199,13 @@ def test_rl_trainer_picks_the_trainer_and_profile_writes_a_trace_of_its_steps(tm
     sft = tiny_config(
         "sft_tiny", str(tmp_path / "sft"), "actor.ppo_mini_batch_size=4", "trainer.profile={steps: [2, 3]}", steps=3
     )
-    trainer = RLTrainer(sft)
-    try:
+    with RLTrainer(sft) as trainer:
         assert type(trainer) is SFTTrainer
         assert trainer.train()["steps"] == 3
-    finally:
-        trainer.close()
     trace = json.load(open(tmp_path / "sft" / "profile" / "stages.json"))["traceEvents"]
     spans = [(e["name"], e["args"]["step"]) for e in trace if e["ph"] == "X"]
     assert spans == [("step 2", 2), ("update", 2), ("step 3", 3), ("update", 3)]
     assert all(e["dur"] > 0 for e in trace if e["ph"] == "X")
     for recipe, cls in (("dpo_tiny", DPOTrainer), ("grpo_tiny", PPOTrainer)):
-        trainer = RLTrainer(tiny_config(recipe, str(tmp_path / recipe), "trainer.controller=local"))
-        try:
+        with RLTrainer(tiny_config(recipe, str(tmp_path / recipe), "trainer.controller=local")) as trainer:
             assert type(trainer) is cls
-        finally:
-            trainer.close()

@@ -83,11 +83,8 @@ def test_online_dpo_trains_on_the_pairs_a_separate_client_prefers(tmp_path):
             "reward.fn=null",
             "reward.server={timeout_s: 60, feedback: preferences}",
         )
-        trainer = RecordingTrainer(cfg)
-        try:
+        with RecordingTrainer(cfg) as trainer:
             trainer.fit()
-        finally:
-            trainer.close()
     finally:
         client.kill()
         client.wait()
@@ -166,8 +163,7 @@ def test_a_reward_model_on_a_pool_of_its_own_scores_as_in_the_driver(tmp_path):
         "placement.pools=[{name: hybrid, roles: [actor, rollout, ref], devices: 1}, {name: rm, roles: [reward]}]",
         steps=1,
     )
-    trainer = RLTrainer(cfg)
-    try:
+    with RLTrainer(cfg) as trainer:
         assert trainer.plan.layout("reward").dp == 2 and trainer.workers.reward.world_size == 2
         conversations = [[{"role": "user", "content": f"{a}+{a}="}] for a in range(5)]
         responses = ["2", "4", "six", "8", "10 and more"]
@@ -175,8 +171,6 @@ def test_a_reward_model_on_a_pool_of_its_own_scores_as_in_the_driver(tmp_path):
         local = HFRewardModel(str(rm), batch_size=4).score_texts(conversations, responses)
         assert pooled.shape == (5,) and torch.allclose(pooled.float(), local, atol=1e-5)
         trainer.fit()
-    finally:
-        trainer.close()
     with open(tmp_path / "run" / "logs" / "metrics.jsonl") as f:
         (m,) = [json.loads(line) for line in f]
     assert m["reward/score/mean"] == pytest.approx(m["reward/model_score/mean"], abs=1e-6)

@@ -64,7 +64,7 @@ def test_sft_lowers_the_validation_loss_measured_as_transformers_measures_it(tmp
     assert summary["val_loss_before"] == metrics[0]["val/loss"]
     assert summary["val_loss_after"] < summary["val_loss_before"] - 0.5  # 4 steps at lr 1e-2 on a random model
     assert all("actor/loss" in m and m["sft/loss_tokens"] > 0 for m in metrics[1:])
-    from verl.trainer.ppo import format_summary
+    from verl.trainer.summary import format_summary
 
     assert "validation loss" in format_summary("sft", summary)
 

@@ -19,11 +19,8 @@ def _cache(embedded_cache, monkeypatch):  # noqa: F811
 
 
 def _run(cfg):
-    trainer = PPOTrainer(cfg)
-    try:
+    with PPOTrainer(cfg) as trainer:
         summary = trainer.fit()
-    finally:
-        trainer.close()
     return summary
 
 
@@ -109,11 +106,8 @@ def test_dapo_dynamic_sampling_and_overlong_penalty(tmp_path):
         "algorithm.overlong_buffer.len=4",
         "actor.clip_ratio_high=0.28",
     )
-    trainer = PPOTrainer(cfg, reward_fn=odd_length_reward)
-    try:
+    with PPOTrainer(cfg, reward_fn=odd_length_reward) as trainer:
         trainer.fit()
-    finally:
-        trainer.close()
     row = _metrics(tmp_path)[-1]
     assert row["actor/kept_groups"] == 4  # data.train_batch_size groups survive, after enough rollout batches
     # Every rollout batch brings 4 groups: reaching 4 informative ones took as many batches as the drops cost.
@@ -126,11 +120,8 @@ def test_remax_gets_greedy_baselines(tmp_path):
     cfg = tiny_config(
         "grpo_tiny", str(tmp_path), "trainer.controller=local", "algorithm.adv_estimator=remax", "rollout.n=2"
     )
-    trainer = PPOTrainer(cfg, reward_fn=odd_length_reward)
-    try:
+    with PPOTrainer(cfg, reward_fn=odd_length_reward) as trainer:
         summary = trainer.fit()
-    finally:
-        trainer.close()
     assert summary["steps"] == 2 and "actor/pg_loss" in _metrics(tmp_path)[-1]
 
 
@@ -151,12 +142,9 @@ def test_an_on_policy_update_takes_its_old_log_probs_from_its_own_forward(tmp_pa
     for mode in ("auto", "always"):
         out = tmp_path / mode
         cfg = tiny_config("grpo_tiny", str(out), *common, f"actor.recompute_old_log_probs={mode}", steps=1)
-        trainer = PPOTrainer(cfg)
-        try:
+        with PPOTrainer(cfg) as trainer:
             assert trainer.plan.old_log_probs == ("update" if mode == "auto" else "recompute")
             trainer.fit()
-        finally:
-            trainer.close()
         runs[mode] = (_metrics(out)[-1], load_file(str(out / "hf" / "model.safetensors")))
     (skip, skip_weights), (full, full_weights) = runs["auto"], runs["always"]
     assert skip["perf/worker_calls"] == full["perf/worker_calls"] - 1
@@ -198,12 +186,9 @@ def test_lora_actor_and_critic_with_the_reference_from_the_actor(tmp_path):
         "actor.optim.lr=1e-2",
         "critic.lora.rank=4",
     )
-    trainer = PPOTrainer(cfg)
-    try:
+    with PPOTrainer(cfg) as trainer:
         assert trainer.plan.ref_from_actor
         trainer.fit()
-    finally:
-        trainer.close()
     rows = _metrics(tmp_path)
     assert abs(rows[0]["actor/reward_kl"]) < 1e-6
     assert abs(rows[-1]["actor/reward_kl"]) > 0

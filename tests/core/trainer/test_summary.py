@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from verl.trainer.ppo import format_summary
+from verl.trainer.summary import format_summary
 
 RUN = {"steps": 150, "seconds": 81.4, "tokens_per_s": 1028.2}
 

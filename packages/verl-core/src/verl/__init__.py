@@ -1,9 +1,8 @@
 """verl: reinforcement-learning post-training for large language models.
 
     from verl import RLTrainer, load_config
-    trainer = RLTrainer("recipes/grpo_tiny.yaml", overrides=["trainer.total_steps=20"])  # a PPOTrainer
-    print(trainer.fit())
-    trainer.close()
+    with RLTrainer("recipes/grpo_tiny.yaml", overrides=["trainer.total_steps=20"]) as trainer:  # a PPOTrainer
+        print(trainer.fit())
 
 The core holds the data protocol, the run configuration and its plan, the controller, algorithms, rewards and
 trainers; training and rollout engines live in separate packages, found by backend name.
@@ -23,9 +22,10 @@ except importlib.metadata.PackageNotFoundError:  # a source checkout that was no
 _PUBLIC = {
     "PPOTrainer": "verl.trainer.ppo",
     "DPOTrainer": "verl.trainer.dpo",
+    "OnlineDPOTrainer": "verl.trainer.dpo",
     "SFTTrainer": "verl.trainer.sft_trainer",
     "RLTrainer": "verl.trainer.registry",
-    "format_summary": "verl.trainer.ppo",
+    "format_summary": "verl.trainer.summary",
     "load_config": "verl.config.loader",
     "ConfigError": "verl.config.errors",
     "validate": "verl.config.validate",

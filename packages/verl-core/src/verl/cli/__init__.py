@@ -153,14 +153,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def start_trainer(cfg: Any, plan: Any, name: str = "run") -> int:
     """Train with the validated config and its plan, and print the one-line summary."""
-    from verl.trainer.ppo import format_summary
     from verl.trainer.registry import RLTrainer
+    from verl.trainer.summary import format_summary
 
-    trainer = RLTrainer(cfg, plan=plan)  # the trainer algorithm.name selects
-    try:
+    with RLTrainer(cfg, plan=plan) as trainer:  # the trainer algorithm.name selects
         summary = trainer.fit()
-    finally:
-        trainer.close()
     print(format_summary(name, summary), flush=True)
     return EXIT_OK
 

@@ -7,6 +7,8 @@ from typing import List, Optional
 from verl.config.placement import Layout, Pool
 from verl.config.plan import Plan
 
+BALANCE_COSTS = {"tokens": "token count", "attention": "tokens and attention"}  # plan.balance_cost, as shown
+
 
 def _count(n: int, word: str) -> str:
     """'1 device', '2 devices', '2 micro-batches'."""
@@ -113,7 +115,7 @@ def _batch_lines(plan: Plan) -> List[str]:
     if plan.balance_dp > 1:
         lines.append(
             f"balanced ranks: each step's prompt groups are placed on the actor's {plan.balance_dp} data-parallel "
-            f"ranks by {plan.balance_cost} (trainer.balance_ranks, trainer.balance_cost)"
+            f"ranks by {BALANCE_COSTS[plan.balance_cost]} (trainer.balance_ranks, trainer.balance_cost)"
         )
     if plan.ref_from_actor:
         lines.append("ref: the actor's own model with its LoRA adapters off (actor.lora; no second model)")

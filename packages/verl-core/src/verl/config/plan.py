@@ -12,7 +12,7 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Literal, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig
 
@@ -150,7 +150,7 @@ class Plan:
     # trainer.balance_ranks: each step's prompt groups are placed on this many data-parallel ranks (the actor's)
     # by token count; 1: the batch keeps the order it was generated in
     balance_dp: int = 1
-    balance_cost: str = "token count"  # what it evens out (trainer.balance_cost)
+    balance_cost: Literal["tokens", "attention"] = "tokens"  # what it evens out (trainer.balance_cost)
     # trainer.mode: sync (generate, then train) or one_step_off (the next batch generated while the actor trains)
     mode: str = "sync"
     max_staleness: int = 1  # trainer.mode=async: the bound on a sample's policy lag (trainer.max_staleness)
@@ -353,7 +353,7 @@ def draft_plan(cfg: Any, total_steps: Optional[int] = None) -> Draft:
         ref_from_actor="ref" in roles and lora_rank(cfg, "actor") >= 1,
         lora_sync=value(cfg, "rollout.lora_sync") if "rollout" in roles and lora_rank(cfg, "actor") >= 1 else None,
         balance_dp=_balance_dp(cfg, layouts),
-        balance_cost="tokens and attention" if value(cfg, "trainer.balance_cost") == "attention" else "token count",
+        balance_cost="attention" if value(cfg, "trainer.balance_cost") == "attention" else "tokens",
         mode=str(value(cfg, "trainer.mode") or "sync"),
         max_staleness=int(value(cfg, "trainer.max_staleness") or 0),
         agent_loop=_agent_loop(value(cfg, "rollout.agent.loop")),

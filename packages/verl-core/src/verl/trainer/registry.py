@@ -1,9 +1,8 @@
 """Which trainer runs a config: algorithm.name -> the trainer class, and `RLTrainer`, which builds it.
 
 from verl import RLTrainer
-trainer = RLTrainer("recipes/dpo_tiny.yaml")   # a DPOTrainer; grpo_tiny.yaml gives a PPOTrainer
-summary = trainer.fit()
-trainer.close()
+with RLTrainer("recipes/dpo_tiny.yaml") as trainer:   # a DPOTrainer; grpo_tiny.yaml gives a PPOTrainer
+    summary = trainer.fit()
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from verl.config.plan import Plan
 TRAINERS = {
     "ppo": "verl.trainer.ppo:PPOTrainer",
     "dpo": "verl.trainer.dpo:DPOTrainer",
-    "online_dpo": "verl.trainer.dpo:DPOTrainer",
+    "online_dpo": "verl.trainer.dpo:OnlineDPOTrainer",
     "sft": "verl.trainer.sft_trainer:SFTTrainer",
 }
 
@@ -35,9 +34,10 @@ def RLTrainer(  # noqa: N802 (a class name to its users: it builds the trainer t
     overrides: Sequence[str] = (),
     plan: Optional[Plan] = None,
 ) -> Any:
-    """The trainer algorithm.name selects (ppo / grpo: PPOTrainer; dpo / online_dpo: DPOTrainer; sft: SFTTrainer),
+    """The trainer algorithm.name selects (ppo / grpo: PPOTrainer; dpo: DPOTrainer; online_dpo: OnlineDPOTrainer;
+    sft: SFTTrainer),
     built from a recipe path, a loaded config or a dict of sections, validated as `verl train` validates it."""
-    from verl.trainer.ppo import resolve_config
+    from verl.config.resolve import resolve_config
 
     if plan is None:
         config, plan = resolve_config(config, overrides, reward_given=reward_fn is not None)

@@ -4,7 +4,7 @@ examples of data.train_files -> the actor's update on the token-mean negative lo
 
 on the actor's workers in any layout either engine supports (FSDP over its ranks, megatron TP/PP/CP), with
 validation loss on data.val_files, checkpoints and exact resume, tracking and the run summary as every trainer
-has them (PPOTrainer's). No rollout, reference or reward: nothing is generated.
+has them (`verl.trainer.base.Trainer`). No rollout, reference or reward: nothing is generated.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from verl.data.build import make_sft_loader
-from verl.trainer.ppo import PPOTrainer, _mean_over_ranks, pad_to_multiple, step_metrics
+from verl.trainer.base import Trainer, mean_over_ranks, pad_to_multiple
 from verl.trainer.timer import StageTimer
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from verl.workers.columns import MODEL_INPUTS
@@ -23,16 +23,12 @@ from verl.workers.columns import MODEL_INPUTS
 SFT_UPDATE = MODEL_INPUTS + ("response_mask",)
 
 
-class SFTTrainer(PPOTrainer):
-    """SFT on prompt/response (or multi-turn `messages`) parquet; `fit()`, checkpoints and `close()` as
-    PPOTrainer, with `val/loss` for validation.
+class SFTTrainer(Trainer):
+    """SFT on prompt/response (or multi-turn `messages`) parquet, with `val/loss` for validation.
 
-        trainer = SFTTrainer("recipes/sft_tiny.yaml")   # or verl.RLTrainer: picks the class from algorithm.name
+    with SFTTrainer("recipes/sft_tiny.yaml") as trainer:   # or verl.RLTrainer: the class algorithm.name picks
         print(trainer.fit())
     """
-
-    def scores(self) -> bool:
-        return False  # (nothing is generated: no reward)
 
     def make_loaders(self) -> Tuple[Any, Any]:
         """Examples of data.train_files (data.train_batch_size a step) and of data.val_files (data.val_batch_size
@@ -54,10 +50,10 @@ class SFTTrainer(PPOTrainer):
             per_rank = self.workers.actor_rollout.call(
                 ActorRolloutRefWorker.update_actor, batch.select(SFT_UPDATE, []), loss="sft"
             )
-        metrics = {**_mean_over_ranks(per_rank), "sft/loss_tokens": float(batch.batch["response_mask"].sum())}
-        return {**metrics, **step_metrics(self, timer, start, batch)}
+        metrics = {**mean_over_ranks(per_rank), "sft/loss_tokens": float(batch.batch["response_mask"].sum())}
+        return {**metrics, **self.step_metrics(timer, start, batch)}
 
-    def validate(self) -> Dict[str, float]:
+    def evaluate(self) -> Dict[str, float]:
         """val/loss: the token-mean negative log-likelihood of data.val_files' loss tokens under the actor."""
         if self.val_loader is None:
             return {}
@@ -72,12 +68,10 @@ class SFTTrainer(PPOTrainer):
             nll -= (log_probs * mask).sum()
             tokens += int(mask.sum())
             rows += len(batch)
-        metrics = {"val/loss": float(nll / max(tokens, 1)), "val/tokens": float(tokens), "val/n": float(rows)}
-        self.val_history.append({"step": self.step, **metrics})
-        return metrics
+        return {"val/loss": float(nll / max(tokens, 1)), "val/tokens": float(tokens), "val/n": float(rows)}
 
     def summary(self, seconds: float, tokens_per_s: float, first_step_s: Optional[float] = None) -> Dict[str, Any]:
-        """PPOTrainer's, with the validation loss before and after (val_loss_before / val_loss_after)."""
+        """The base summary, with the validation loss before and after (val_loss_before / val_loss_after)."""
         at = {v["step"]: v["val/loss"] for v in self.val_history}
         return {
             **super().summary(seconds, tokens_per_s, first_step_s),

@@ -4,13 +4,23 @@ DAPO's soft overlong penalty and dynamic sampling (keep only prompt groups whose
 from __future__ import annotations
 
 import math
-from typing import Any, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 import torch
 
 from verl.algos import filter_groups, overlong_penalty
 from verl.protocol import DataProto
+
+
+def score_batch(batch: DataProto, reward: Any, overlong: Any, max_response_length: int) -> Dict[str, float]:
+    """The reward's token-level scores into the batch (token_level_scores), with DAPO's overlong penalty when
+    algorithm.overlong_buffer enables it; returns the reward's metrics."""
+    scores, metrics = reward(batch)
+    batch.batch["token_level_scores"] = scores
+    if overlong.enable:
+        metrics["reward/overlong_penalty_mean"] = add_overlong_penalty(batch, overlong, max_response_length)
+    return metrics
 
 
 def add_overlong_penalty(batch: DataProto, cfg: Any, max_response_length: int) -> float:
