@@ -45,9 +45,16 @@ def test_unknown_name_suggests_the_nearest_and_names_the_key():
     assert "arithmetic" in problem.fix and "math_boxed" in problem.fix  # the registered names are listed
 
 
-def test_register_reward_adds_a_name_and_refuses_a_clash(monkeypatch):
-    monkeypatch.setattr(functions, "REWARD_FNS", dict(REWARD_FNS))
+@pytest.fixture
+def registered_names():
+    """Names a test registers are removed after it."""
+    before = set(REWARD_FNS.names())
+    yield
+    for name in set(REWARD_FNS.names()) - before:
+        REWARD_FNS.unregister(name)
 
+
+def test_register_reward_adds_a_name_and_refuses_a_clash(registered_names):
     @register_reward("always_one")
     def always_one(prompt, response, ground_truth, extra):
         return 1.0

@@ -45,11 +45,13 @@ class FailsToStart:
 
 
 @pytest.fixture
-def recorder(monkeypatch):
+def recorder():
     Recorder.instances = []
-    monkeypatch.setitem(LOGGERS, "recorder", Recorder)
-    monkeypatch.setitem(LOGGERS, "fails", FailsToStart)
-    return Recorder
+    LOGGERS.register("recorder")(Recorder)
+    LOGGERS.register("fails")(FailsToStart)
+    yield Recorder
+    LOGGERS.unregister("recorder")
+    LOGGERS.unregister("fails")
 
 
 def read_jsonl(path):

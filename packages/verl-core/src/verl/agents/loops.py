@@ -21,6 +21,7 @@ from verl.agents.tools import Tool, run_tool
 from verl.agents.trajectory import Trajectory
 from verl.config.errors import ConfigError, ConfigProblem
 from verl.config.instantiate import instantiate
+from verl.registry import Registry, UnknownNameError
 
 
 @dataclass
@@ -81,25 +82,22 @@ class AgentContext:
 
 
 AgentLoop = Callable[[AgentSample, AgentContext], Awaitable[Trajectory]]
-AGENT_LOOPS: Dict[str, AgentLoop] = {}
+# (black_box's loops live in a module of their own, which registers them when the registry is first read)
+AGENT_LOOPS = Registry("agent loop", builtins=("verl.agents.black_box",))
 
 
 def register_agent_loop(name: str) -> Callable[[AgentLoop], AgentLoop]:
-    def add(fn: AgentLoop) -> AgentLoop:
-        AGENT_LOOPS[name] = fn
-        return fn
-
-    return add
+    """Decorator: make an async `loop(sample, ctx) -> Trajectory` available as `rollout.agent.loop: <name>`."""
+    return AGENT_LOOPS.register(name)
 
 
 def make_agent_loop(spec: Any, key: str = "rollout.agent.loop") -> AgentLoop:
     """A registered loop by name, or `{_target_: pkg.module.loop, setting: ...}` (settings bound as keywords)."""
     if isinstance(spec, str):
-        if spec not in AGENT_LOOPS:
-            raise ConfigError(
-                [ConfigProblem(key, f"unknown agent loop {spec!r}", f"use one of {sorted(AGENT_LOOPS)} or _target_")]
-            )
-        return AGENT_LOOPS[spec]
+        try:
+            return AGENT_LOOPS.get(spec)
+        except UnknownNameError as e:
+            raise ConfigError([ConfigProblem(key, str(e), f"use one of {AGENT_LOOPS.names()} or _target_")]) from None
     loop = instantiate({**dict(spec), "_partial_": True}, key=key)
     fn = loop.func if isinstance(loop, functools.partial) else loop
     if not inspect.iscoroutinefunction(fn):
@@ -178,7 +176,3 @@ async def env_agent(sample: AgentSample, ctx: AgentContext) -> Trajectory:
         if not ctx.insert([{"role": "user", "content": str(observation)}]):
             t.finish = "length"
             return t
-
-
-# Loops with modules of their own register on import (what they use from here exists by now).
-from verl.agents import black_box as _black_box  # noqa: E402,F401

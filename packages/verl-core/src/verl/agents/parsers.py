@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping
+from typing import Callable, List, Mapping
 
 from verl.agents.tools import Tool, ToolCall
+from verl.registry import Registry
 
 
 @dataclass
@@ -27,15 +28,12 @@ class ParsedTurn:
 
 
 Parser = Callable[[str, Mapping[str, Tool]], ParsedTurn]
-PARSERS: Dict[str, Parser] = {}
+PARSERS = Registry("tool-call parser")
 
 
 def register_parser(name: str) -> Callable[[Parser], Parser]:
-    def add(fn: Parser) -> Parser:
-        PARSERS[name] = fn
-        return fn
-
-    return add
+    """Decorator: make `parse(text, tools) -> ParsedTurn` available as `rollout.agent.tool_parser: <name>`."""
+    return PARSERS.register(name)
 
 
 _HERMES = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
@@ -87,6 +85,5 @@ def plain(text: str, tools: Mapping[str, Tool]) -> ParsedTurn:
 
 
 def get_parser(name: str) -> Parser:
-    if name not in PARSERS:
-        raise KeyError(f"unknown tool parser {name!r}; known: {sorted(PARSERS)}")
-    return PARSERS[name]
+    """The parser registered as `name` (UnknownNameError, a KeyError, naming the closest one)."""
+    return PARSERS.get(name, key="rollout.agent.tool_parser")

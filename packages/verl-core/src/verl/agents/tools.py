@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Protocol, Sequence
 
 from verl.config.errors import ConfigError, ConfigProblem
 from verl.config.instantiate import instantiate
+from verl.registry import Registry, UnknownNameError
 
 
 class Tool(Protocol):
@@ -26,19 +27,13 @@ class Tool(Protocol):
     def __call__(self, **arguments: Any) -> Any: ...
 
 
-TOOLS: Dict[str, Callable[..., Tool]] = {}
+# (the sandboxed tools live in a module of their own, which registers them when the registry is first read)
+TOOLS = Registry("tool", builtins=("verl.agents.sandbox",))
 
 
 def register_tool(name: str) -> Callable:
     """Register a tool class (or factory) under `name`; recipes list it as `{name: NAME, ...settings}`."""
-
-    def add(cls: Callable[..., Tool]) -> Callable[..., Tool]:
-        if name in TOOLS and TOOLS[name] is not cls:
-            raise ValueError(f"tool {name!r} is already registered ({TOOLS[name]!r})")
-        TOOLS[name] = cls
-        return cls
-
-    return add
+    return TOOLS.register(name)
 
 
 def schema(tool: Tool) -> Dict[str, Any]:
@@ -60,18 +55,13 @@ def make_tools(specs: Sequence[Mapping[str, Any]], key: str = "rollout.agent.too
             tool = instantiate(spec, key=where)
         else:
             name = spec.pop("name", None)
-            if name not in TOOLS:
-                raise ConfigError(
-                    [
-                        ConfigProblem(
-                            f"{where}.name",
-                            f"unknown tool {name!r}",
-                            f"use one of {sorted(TOOLS)}, or give _target_: pkg.module.YourTool",
-                        )
-                    ]
-                )
             try:
-                tool = TOOLS[name](**spec)
+                make = TOOLS.get(str(name))
+            except UnknownNameError as e:
+                fix = f"use one of {TOOLS.names()}, or give _target_: pkg.module.YourTool"
+                raise ConfigError([ConfigProblem(f"{where}.name", str(e), fix)]) from None
+            try:
+                tool = make(**spec)
             except (TypeError, ValueError, RuntimeError) as e:  # bad settings, or a tool that cannot run here
                 raise ConfigError([ConfigProblem(where, f"tool {name!r}: {e}", _TOOL_SETTINGS_FIX)]) from None
         missing = [a for a in ("name", "description", "parameters") if not hasattr(tool, a)]
@@ -200,7 +190,3 @@ class Calculator:
 
     def __call__(self, expression: str) -> str:
         return str(evaluate(str(expression)))
-
-
-# Built-in tools with modules of their own register on import (the names they use from here exist by now).
-from verl.agents import sandbox as _sandbox  # noqa: E402,F401

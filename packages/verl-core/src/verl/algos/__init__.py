@@ -31,9 +31,9 @@ from verl.algos.kl import (
 from verl.algos.metrics import compute_policy_metrics, data_metrics, ratio_stats, rollout_mismatch_metrics, token_stats
 from verl.algos.plugins import load_plugins
 from verl.algos.policy_losses import POLICY_LOSSES, clip_range, compute_policy_loss, entropy_loss, truncated_is_weights
-from verl.algos.registry import Registry, UnknownNameError
 from verl.algos.utils import masked_mean, masked_sum, masked_var, masked_whiten
 from verl.algos.value_loss import compute_value_loss
+from verl.registry import Registry, UnknownNameError
 
 __all__ = [
     "ADV_ESTIMATORS",

@@ -22,8 +22,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from verl.algos.registry import Registry
 from verl.algos.utils import acc_dtype, accepted_kwargs, config_value, group_ids, masked_whiten
+from verl.registry import Registry
 
 __all__ = ["ADV_ESTIMATORS", "EPSILON", "compute_advantages", "estimator_needs_values"]
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from verl.algos.registry import Registry
 from verl.algos.utils import masked_mean, masked_sum
+from verl.registry import Registry
 
 __all__ = ["AGG_MODES", "agg_loss"]
 

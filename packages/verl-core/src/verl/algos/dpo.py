@@ -16,8 +16,8 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor
 
-from verl.algos.registry import Registry
 from verl.algos.utils import acc_dtype
+from verl.registry import Registry
 
 __all__ = ["DPO_LOSSES", "dpo_loss"]
 

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from verl.algos.aggregation import agg_loss
-from verl.algos.registry import Registry
 from verl.algos.utils import acc_dtype, config_value, masked_mean, zero_padding
+from verl.registry import Registry
 
 __all__ = [
     "KL_CONTROLLERS",

@@ -23,8 +23,8 @@ import torch
 from torch import Tensor
 
 from verl.algos.aggregation import agg_loss
-from verl.algos.registry import Registry
 from verl.algos.utils import acc_dtype, accepted_kwargs, config_value, masked_mean, zero_padding
+from verl.registry import Registry
 
 __all__ = ["POLICY_LOSSES", "clip_range", "compute_policy_loss", "entropy_loss", "truncated_is_weights"]
 

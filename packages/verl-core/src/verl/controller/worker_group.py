@@ -36,6 +36,7 @@ from verl.controller.errors import WorkerError
 from verl.controller.resource_pool import ResourcePool
 from verl.controller.worker import DEVICE_ENV, Worker, free_port
 from verl.protocol import DataProto
+from verl.registry import Registry
 
 # After one rank fails, how long to wait for the others before raising: long enough to report ranks that fail
 # together, short enough not to hang on ranks stuck in a collective with the failed one.
@@ -303,7 +304,9 @@ def _ray_executor(*args: Any, **kwargs: Any) -> Executor:
     return RayExecutor(*args, **kwargs)
 
 
-EXECUTORS: dict[str, Callable[..., Executor]] = {"ray": _ray_executor, "local": LocalExecutor}
+EXECUTORS = Registry("controller")  # trainer.controller, resolved: what runs a worker group's workers
+EXECUTORS.register("ray")(_ray_executor)
+EXECUTORS.register("local")(LocalExecutor)
 
 
 def make_worker_group(
@@ -320,10 +323,11 @@ def make_worker_group(
     (mode='local'), as trainer.controller says. `resource_fraction` of each device (Ray only) lets groups share it."""
     if mode not in EXECUTORS:
         raise ValueError(f"unknown controller mode {mode!r}; choose one of {', '.join(EXECUTORS)} (trainer.controller)")
+    make_executor = EXECUTORS.get(mode)
     if not (isinstance(worker_cls, type) and issubclass(worker_cls, Worker)):
         raise TypeError(f"worker_cls must be a subclass of verl.controller.Worker, got {worker_cls!r}")
     options = {"resource_fraction": resource_fraction} if mode == "ray" else {}
-    executor = EXECUTORS[mode](pool, worker_cls, args, kwargs, role=role, env=env, **options)
+    executor = make_executor(pool, worker_cls, args, kwargs, role=role, env=env, **options)
     return WorkerGroup(executor, worker_cls, role)
 
 

@@ -18,13 +18,14 @@ from typing import Any
 
 from verl.config.errors import ConfigError, ConfigProblem
 from verl.config.instantiate import instantiate
+from verl.registry import Registry
 from verl.reward.answers import gsm8k_answer, last_boxed, last_number, math_answers_equal, parse_number
 
 __all__ = ["REWARD_FNS", "RewardFn", "get_reward_fn", "register_reward"]
 
 RewardFn = Callable[[str, str, str, dict[str, Any]], float | dict[str, Any]]
 
-REWARD_FNS: dict[str, RewardFn] = {}
+REWARD_FNS = Registry("reward function", ("prompt", "response", "ground_truth", "extra"))
 
 CONFIG_KEY = "reward.fn"
 
@@ -32,13 +33,7 @@ CONFIG_KEY = "reward.fn"
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
     """Decorator: make `fn` available as `reward.fn: <name>` in a recipe."""
 
-    def add(fn: RewardFn) -> RewardFn:
-        if name in REWARD_FNS and REWARD_FNS[name] is not fn:
-            raise ValueError(f"reward function {name!r} is already registered ({_describe(REWARD_FNS[name])})")
-        REWARD_FNS[name] = fn
-        return fn
-
-    return add
+    return REWARD_FNS.register(name)
 
 
 def get_reward_fn(spec: str | Mapping | RewardFn, *, key: str = CONFIG_KEY) -> RewardFn:
@@ -66,8 +61,8 @@ def get_reward_fn(spec: str | Mapping | RewardFn, *, key: str = CONFIG_KEY) -> R
 
 def _registered(name: str, key: str) -> RewardFn:
     if name in REWARD_FNS:
-        return REWARD_FNS[name]
-    close = difflib.get_close_matches(name, list(REWARD_FNS), n=1)
+        return REWARD_FNS.get(name)
+    close = difflib.get_close_matches(name, REWARD_FNS.names(), n=1)
     hint = f"did you mean '{close[0]}'? " if close else ""
     raise _error(
         key,
@@ -115,7 +110,7 @@ def is_sequence_reward(fn: Any) -> bool:
 
 
 def _names() -> str:
-    return ", ".join(sorted(REWARD_FNS))
+    return ", ".join(REWARD_FNS.names())
 
 
 def _describe(fn: Any) -> str:

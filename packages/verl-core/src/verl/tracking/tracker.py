@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from verl.config.errors import ConfigError, ConfigProblem
 from verl.config.schema import TrackingConfig
+from verl.registry import Registry
 from verl.tracking.console import ConsoleLogger
 from verl.tracking.jsonl import JsonlLogger
 from verl.tracking.prometheus_logger import PrometheusLogger
@@ -31,13 +32,15 @@ __all__ = ["LOGGERS", "Tracker"]
 logger = logging.getLogger(__name__)
 
 # name in tracking.loggers -> class(cfg: TrackingConfig, *, run_config, log_dir) with log(metrics, step), close()
-LOGGERS: dict[str, type] = {
-    "console": ConsoleLogger,
-    "jsonl": JsonlLogger,
-    "wandb": WandbLogger,
-    "tensorboard": TensorboardLogger,
-    "prometheus": PrometheusLogger,
-}
+LOGGERS = Registry("logger")
+for _name, _cls in (
+    ("console", ConsoleLogger),
+    ("jsonl", JsonlLogger),
+    ("wandb", WandbLogger),
+    ("tensorboard", TensorboardLogger),
+    ("prometheus", PrometheusLogger),
+):
+    LOGGERS.register(_name)(_cls)
 
 
 class Tracker:
@@ -142,7 +145,7 @@ def _tracking_config(cfg: Any) -> TrackingConfig:
 
 
 def _unknown_logger(i: int, name: Any) -> ConfigError:
-    close = difflib.get_close_matches(str(name), list(LOGGERS), n=1)
+    close = difflib.get_close_matches(str(name), LOGGERS.names(), n=1)
     hint = f"did you mean '{close[0]}'? " if close else ""
     return ConfigError(
         [ConfigProblem(f"tracking.loggers[{i}]", f"unknown logger '{name}'", f"{hint}choose from {', '.join(LOGGERS)}")]

@@ -18,6 +18,7 @@ from verl.config.plan import Plan
 from verl.data.build import make_preference_loader, make_val_loader
 from verl.protocol import DataProto
 from verl.trainer.base import Trainer, mean_over_ranks
+from verl.trainer.registry import TRAINERS
 from verl.trainer.rollout_source import make_rollout_source, prompt_loaders
 from verl.trainer.shaping import best_and_worst, score_batch
 from verl.trainer.timer import StageTimer
@@ -28,6 +29,7 @@ from verl.workers.columns import MODEL_INPUTS
 PAIR_UPDATE = MODEL_INPUTS + ("response_mask", "ref_seq_log_probs", "is_chosen")
 
 
+@TRAINERS.register("dpo")
 class DPOTrainer(Trainer):
     """DPO / IPO on the preference pairs of data.train_files.
 
@@ -111,6 +113,7 @@ class DPOTrainer(Trainer):
         super().close()
 
 
+@TRAINERS.register("online_dpo")
 class OnlineDPOTrainer(DPOTrainer):
     """Online DPO: rollout.n samples per prompt, ranked by the reward; each prompt's best and worst make a pair."""
 

@@ -22,6 +22,7 @@ from verl.config.plan import Plan
 from verl.protocol import DataProto
 from verl.trainer.balance import balance_batch
 from verl.trainer.base import Trainer, mean_over_ranks
+from verl.trainer.registry import TRAINERS
 from verl.trainer.rollout_batches import rollout_metrics
 from verl.trainer.rollout_source import make_agents, make_rollout_source, prompt_loaders
 from verl.trainer.shaping import first_groups, informative_groups, score_batch, scored_groups
@@ -32,6 +33,7 @@ from verl.workers.columns import CRITIC_UPDATE, MODEL_INPUTS, actor_update_colum
 from verl.workers.critic import CriticWorker
 
 
+@TRAINERS.register("ppo")
 class PPOTrainer(Trainer):
     """PPO/GRPO training on the single controller.
 

@@ -7,24 +7,19 @@ with RLTrainer("recipes/dpo_tiny.yaml") as trainer:   # a DPOTrainer; grpo_tiny.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable, Optional, Sequence
 
 from verl.config.plan import Plan
+from verl.registry import Registry
 
-# algorithm.name (the plan's `trainer`) -> "module:Class"; ppo and grpo differ only in the advantage estimator
-TRAINERS = {
-    "ppo": "verl.trainer.ppo:PPOTrainer",
-    "dpo": "verl.trainer.dpo:DPOTrainer",
-    "online_dpo": "verl.trainer.dpo:OnlineDPOTrainer",
-    "sft": "verl.trainer.sft_trainer:SFTTrainer",
-}
+# the plan's `trainer` (from algorithm.name; ppo and grpo differ only in the advantage estimator) -> the class; each
+# trainer's module registers its own (imported on the first lookup: `import verl` stays light)
+TRAINERS = Registry("trainer", builtins=("verl.trainer.ppo", "verl.trainer.dpo", "verl.trainer.sft_trainer"))
 
 
 def trainer_class(plan: Plan) -> type:
     """The class that trains a run with this plan."""
-    module, name = TRAINERS[plan.trainer].split(":")
-    return getattr(importlib.import_module(module), name)
+    return TRAINERS.get(plan.trainer, key="algorithm.name")
 
 
 def RLTrainer(  # noqa: N802 (a class name to its users: it builds the trainer the config asks for)

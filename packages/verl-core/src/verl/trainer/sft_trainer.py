@@ -16,6 +16,7 @@ import torch
 
 from verl.data.build import make_sft_loader
 from verl.trainer.base import Trainer, mean_over_ranks, pad_to_multiple
+from verl.trainer.registry import TRAINERS
 from verl.trainer.timer import StageTimer
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from verl.workers.columns import MODEL_INPUTS
@@ -23,6 +24,7 @@ from verl.workers.columns import MODEL_INPUTS
 SFT_UPDATE = MODEL_INPUTS + ("response_mask",)
 
 
+@TRAINERS.register("sft")
 class SFTTrainer(Trainer):
     """SFT on prompt/response (or multi-turn `messages`) parquet, with `val/loss` for validation.
 

@@ -1,4 +1,6 @@
-"""Registries: one per extension point, so a recipe names an algorithm and a user adds one without editing the trainer.
+"""Registry: the one type of every extension point (advantage estimators, policy losses, KL, aggregation, reward
+functions, tools, agent loops, tool-call parsers, loggers, trainers, controllers), so a recipe names an entry and a
+user adds one without editing the code that looks it up.
 
 A recipe selects an entry by name (`algorithm.adv_estimator: grpo`), or points at any function with
 `{_target_: pkg.module.fn, **kwargs}` (kwargs are bound with functools.partial). Code adds entries with
@@ -6,6 +8,12 @@ the decorator:
 
     @ADV_ESTIMATORS.register("my_baseline", requires=("index",))
     def my_baseline(token_level_rewards, response_mask, *, index, config, **_): ...
+
+One rule everywhere: a name taken by another entry is refused (the same function again is not: re-importing a
+plugin is harmless); an unknown name is an UnknownNameError naming the closest one (did you mean ...?); a
+`_target_` whose signature cannot take the call the extension point makes is refused when it is looked up, at
+validation. Built-ins that live in modules of their own are named by the registry (`builtins`) and imported on its
+first lookup, so no module imports its registrants back.
 
 Extra keyword arguments of `register` (here `requires`) are set as attributes on the function, so a
 `_target_` reference to the same function carries them too (`Registry.attr` reads them).
@@ -15,8 +23,9 @@ from __future__ import annotations
 
 import difflib
 import functools
+import importlib
 import inspect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -32,17 +41,31 @@ class UnknownNameError(KeyError):
 
 
 class Registry:
-    """Named functions for one extension point (advantage estimators, policy losses, ...)."""
+    """Named entries (functions, classes, factories) for one extension point."""
 
     def __init__(
-        self, kind: str, args: tuple[str, ...] = (), always: tuple[str, ...] = (), offered: tuple[str, ...] = ()
+        self,
+        kind: str,
+        args: tuple[str, ...] = (),
+        always: tuple[str, ...] = (),
+        offered: tuple[str, ...] = (),
+        *,
+        builtins: tuple[str, ...] = (),
     ):
         """`args`: what the caller passes by position; `always`: keywords it always passes; `offered`: keywords
         passed only to a function that names them. A `_target_` or callable whose signature cannot take that
-        call is refused when it is looked up (at validation), not on the first batch."""
+        call is refused when it is looked up (at validation), not on the first batch. `builtins`: modules that
+        register built-in entries, imported on the first lookup."""
         self.kind = kind  # what an entry is, for messages: "advantage estimator"
         self.args, self.always, self.offered = args, always, offered
         self._entries: dict[str, Callable[..., Any]] = {}
+        self._builtins, self._loaded = builtins, not builtins
+
+    def _load_builtins(self) -> None:
+        if not self._loaded:
+            self._loaded = True  # (first: a built-in module that looks an entry up while importing)
+            for module in self._builtins:
+                importlib.import_module(module)
 
     def register(self, name: str, *, aliases: Iterable[str] = (), **attrs: Any) -> Callable[[F], F]:
         """Decorator adding a function under `name` (and `aliases`); a name already taken is a ValueError.
@@ -85,6 +108,7 @@ class Registry:
         `key` is the config key the spec came from (e.g. "algorithm.adv_estimator"), named in errors.
         """
         if isinstance(spec, str):
+            self._load_builtins()
             fn = self._entries.get(spec)
             if fn is None:
                 raise self._unknown(spec, key)
@@ -109,10 +133,22 @@ class Registry:
 
     def names(self) -> list[str]:
         """Every registered name (aliases included), sorted."""
+        self._load_builtins()
         return sorted(self._entries)
 
     def __contains__(self, name: object) -> bool:
+        self._load_builtins()
         return name in self._entries
+
+    def __getitem__(self, name: str) -> Callable[..., Any]:
+        """The entry registered as `name` (an UnknownNameError, with did-you-mean, when there is none)."""
+        return self.get(name) if isinstance(name, str) else self.get(str(name))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self.names())
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}: {', '.join(self.names())})"
