@@ -8,7 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from verl.protocol import DataProto
-from verl.trainer.shaping import add_overlong_penalty, first_groups, informative_groups
+from verl.trainer.shaping import add_overlong_penalty, first_groups, groups_per_share, informative_groups
 
 
 def _batch(lengths, scores, uids) -> DataProto:
@@ -78,3 +78,8 @@ def test_reward_server_skip_keeps_whole_scored_groups():
     assert kept.batch["row"].tolist() == [0, 1, 4, 5] and dropped == 2
     with pytest.raises(RuntimeError, match="no prompt group of this batch was fully scored"):
         scored_groups(batch, np.ones(8, dtype=bool), n=2)
+
+
+def test_groups_per_share_is_the_fewest_groups_that_split_over_the_ranks():
+    # (dp, n) -> groups: 4 ranks, 2 samples a group: 2 groups (4 rows); 4 ranks, 8 samples: 1; 6 ranks, 4: 3 (12 rows)
+    assert [groups_per_share(dp, n) for dp, n in ((1, 5), (4, 2), (4, 8), (6, 4), (3, 3))] == [1, 2, 1, 3, 1]

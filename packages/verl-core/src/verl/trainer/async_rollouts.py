@@ -19,7 +19,6 @@ again to the others (`async/resubmitted`). Validation runs through the service t
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
@@ -28,6 +27,7 @@ import torch
 
 from verl.protocol import DataProto
 from verl.rollout_batch import assemble_rollout, pad_rows, unpadded_prompts
+from verl.trainer.shaping import groups_per_share
 from verl.workers.rollout_server import Finished
 
 
@@ -184,7 +184,7 @@ class AsyncRollouts:
     def _without_dropped(self, slot: Slot) -> Slot:
         """The slot's other groups, as many as make a multiple of row_multiple rows, renumbered from 0."""
         keep = [g for g in range(len(slot.prompts)) if g not in slot.dropped]
-        per = self.row_multiple // math.gcd(self.row_multiple, slot.n)  # groups that make whole DP shares
+        per = groups_per_share(self.row_multiple, slot.n)
         keep = keep[: len(keep) - len(keep) % per]
         if not keep:
             raise RuntimeError(

@@ -12,7 +12,6 @@ estimator, policy loss, KL) is a registry name from the recipe, not a branch her
 from __future__ import annotations
 
 import functools
-import math
 import time
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
@@ -25,7 +24,7 @@ from verl.trainer.base import Trainer, mean_over_ranks
 from verl.trainer.registry import TRAINERS
 from verl.trainer.rollout_batches import rollout_metrics
 from verl.trainer.rollout_source import make_agents, make_rollout_source, prompt_loaders
-from verl.trainer.shaping import first_groups, informative_groups, score_batch, scored_groups
+from verl.trainer.shaping import first_groups, groups_per_share, informative_groups, score_batch, scored_groups
 from verl.trainer.timer import StageTimer
 from verl.trainer.validation import held_out_accuracy
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
@@ -110,7 +109,7 @@ class PPOTrainer(Trainer):
         # Whole groups, and a number of rows every data-parallel rank can split evenly.
         groups = min(have, want)
         dp = self.plan.train_dp
-        groups -= groups % max(1, dp // math.gcd(dp, n))
+        groups -= groups % groups_per_share(dp, n)
         if groups == 0:
             raise RuntimeError(
                 f"dynamic sampling kept no prompt group with differing rewards in {tries} rollout batches "

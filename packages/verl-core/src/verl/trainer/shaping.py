@@ -13,6 +13,12 @@ from verl.algos import filter_groups, overlong_penalty
 from verl.protocol import DataProto
 
 
+def groups_per_share(dp: int, n: int) -> int:
+    """The fewest prompt groups of n samples whose rows split evenly over dp data-parallel ranks: a batch that
+    keeps some groups keeps a multiple of this many."""
+    return dp // math.gcd(dp, n)
+
+
 def score_batch(batch: DataProto, reward: Any, overlong: Any, max_response_length: int) -> Dict[str, float]:
     """The reward's token-level scores into the batch (token_level_scores), with DAPO's overlong penalty when
     algorithm.overlong_buffer enables it; returns the reward's metrics."""
@@ -80,7 +86,7 @@ def scored_groups(batch: DataProto, missing: Any, n: int, multiple: int = 1) -> 
     many as whole data-parallel shares allow (`multiple` rows); and how many groups were dropped."""
     whole = ~np.asarray(missing, dtype=bool).reshape(-1, n).any(-1)
     keep = np.nonzero(whole)[0]
-    per = multiple // math.gcd(multiple, n)  # groups that make a multiple of `multiple` rows
+    per = groups_per_share(multiple, n)
     keep = keep[: len(keep) - len(keep) % per]
     if len(keep) == 0:
         raise RuntimeError(
