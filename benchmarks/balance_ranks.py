@@ -50,7 +50,7 @@ def _rank(rank: int, port: int, model: str, seed: int, balanced: bool, steps: in
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     from verl.config.schema import ActorConfig, OptimConfig
-    from verl.engine import EngineConfig
+    from verl.engine_protocol import EngineConfig
     from verl.trainer.balance import balance_batch
     from verl.workers.losses import actor_loss_fn
     from verl_fsdp.engine import FSDPEngine

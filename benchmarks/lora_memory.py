@@ -81,7 +81,7 @@ def run_setting(model: str, setting: str, steps: int, rank: int) -> dict:
 
     from verl.config.schema import ActorConfig, LoraConfig, OptimConfig
     from verl.controller.worker import free_port
-    from verl.engine import EngineConfig
+    from verl.engine_protocol import EngineConfig
     from verl.workers.losses import actor_loss_fn
     from verl_fsdp.engine import FSDPEngine
 

@@ -84,7 +84,7 @@ def _rank(rank: int, world: int, port: int, parallel: dict, model: str, args, re
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     from verl.config.schema import OptimConfig
-    from verl.engine import EngineConfig
+    from verl.engine_protocol import EngineConfig
     from verl_megatron.engine import MegatronEngine
 
     sizes = {"tp": 1, "pp": 1, "vpp": None, "cp": 1, "ep": 1, "dp": None, "sequence_parallel": None, **parallel}

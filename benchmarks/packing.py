@@ -117,7 +117,7 @@ def run_setting(model: str, setting: str, steps: int, budget: int) -> dict:
 
     from verl.config.schema import ActorConfig, OptimConfig
     from verl.controller.worker import free_port
-    from verl.engine import EngineConfig, load_engine
+    from verl.engine_protocol import EngineConfig, load_engine
     from verl.workers.losses import actor_loss_fn
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))

@@ -1,4 +1,4 @@
-"""The train engine contract (verl.engine.TrainEngine), checked the same way for every backend on one gloo rank.
+"""The train engine contract (verl.engine_protocol.TrainEngine), checked the same way for every backend on one gloo rank.
 
 A backend's test file imports these tests and defines one module fixture, `backend` (a `Backend`: how to build
 its engine from an EngineConfig, and how to tear down its global state). The engines are real, on a small random
@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from tests.support.engines import free_port, make_llama_dir, random_batch
 from verl.config.schema import OptimConfig, ParallelConfig
-from verl.engine import EngineConfig
+from verl.engine_protocol import EngineConfig
 
 P, R = 6, 5  # prompt and response lengths of the test batches
 LR = 1e-2

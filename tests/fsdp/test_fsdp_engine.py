@@ -9,7 +9,7 @@ import torch
 
 from tests.support.engines import gloo_world_one, llama_dir, random_batch  # noqa: F401
 from verl.config.schema import OptimConfig
-from verl.engine import EngineConfig
+from verl.engine_protocol import EngineConfig
 from verl_fsdp.engine import FSDPEngine
 
 P, R = 5, 4

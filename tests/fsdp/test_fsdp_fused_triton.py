@@ -22,7 +22,7 @@ pytest.importorskip("triton", reason="triton is not installed")
 
 from tests.support.engines import gloo_world_one, llama_dir, random_batch  # noqa: E402,F401
 from verl.config.schema import OptimConfig  # noqa: E402
-from verl.engine import EngineConfig  # noqa: E402
+from verl.engine_protocol import EngineConfig  # noqa: E402
 from verl_fsdp.engine import FSDPEngine  # noqa: E402
 from verl_kernels import triton_kernels  # noqa: E402
 

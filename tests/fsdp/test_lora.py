@@ -11,8 +11,8 @@ import torch
 
 from tests.support.engines import gloo_world_one, llama_dir, policy_batch, random_batch  # noqa: F401
 from verl.config.schema import LoraConfig, OptimConfig
-from verl.engine import EngineConfig
-from verl.engine_parts import meta_file
+from verl.engine_protocol import EngineConfig
+from verl.engine_skeleton import meta_file
 from verl_fsdp import backends, export  # noqa: F401  (what `verl export` discovers and runs)
 from verl_fsdp.engine import LORA_ADAPTER_DIR, FSDPEngine
 

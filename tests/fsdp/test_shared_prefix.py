@@ -8,7 +8,7 @@ import torch
 
 from tests.support.engines import P, R, gloo_world_one, grouped_batch, llama_dir  # noqa: F401
 from verl.config.schema import OptimConfig
-from verl.engine import EngineConfig
+from verl.engine_protocol import EngineConfig
 from verl.utils.shared_prefix import pack_shared_prefixes
 from verl_fsdp.engine import FSDPEngine
 

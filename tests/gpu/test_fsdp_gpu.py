@@ -23,7 +23,7 @@ BF16_LOGPROB_ATOL = 0.05  # two bf16 attention kernels on the same bf16 weights
 
 def test_flash_attention_runs_packed_rows_padding_free(cuda_world_one, tmp_path):  # noqa: F811
     from verl.config.schema import OptimConfig
-    from verl.engine import EngineConfig
+    from verl.engine_protocol import EngineConfig
     from verl_fsdp.engine import FSDPEngine
 
     path = make_llama_dir(str(tmp_path / "llama"))

@@ -56,7 +56,7 @@ def _nll(out, mb):
 def _one_gpu_engine(model_dir: str, dtype: str, **kw):
     """A megatron actor (TP=1, AdamW) on this process's GPU."""
     from verl.config.schema import OptimConfig
-    from verl.engine import EngineConfig
+    from verl.engine_protocol import EngineConfig
     from verl_megatron.engine import MegatronEngine
 
     _single_gpu_world()

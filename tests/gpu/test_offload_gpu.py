@@ -29,7 +29,7 @@ def _nll(out, mb):
 @pytest.mark.parametrize("backend", ["fsdp", "megatron"])
 def test_offload_round_trip_frees_the_device_and_keeps_the_steps(backend, cuda_world_one, tmp_path):  # noqa: F811
     from verl.config.schema import OptimConfig
-    from verl.engine import EngineConfig, load_engine
+    from verl.engine_protocol import EngineConfig, load_engine
 
     path = make_llama_dir(
         str(tmp_path / "llama"), vocab=4096, hidden_size=512, intermediate_size=2048, num_hidden_layers=12

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from tests.support.engines import free_port, grouped_batch, make_llama_dir, random_batch
 from verl.config.schema import OptimConfig
-from verl.engine import EngineConfig
+from verl.engine_protocol import EngineConfig
 from verl_megatron.context_parallel import chunk_positions, local_index
 from verl_megatron.parallel import sequence_parallel
 from verl_megatron.sequences import pack

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in
 
 
 def test_megatron_tp2_weights_reach_both_rollout_replicas_bitwise(tmp_path, ray_four_cpus, embedded_cache, monkeypatch):
-    """trainer.mode=sync: generate on the rollout's pool, train, sync (one_step_off: tests/trainer/test_disaggregated)."""
+    """trainer.mode=sync: generate on the rollout's pool, train, sync (one_step_off: tests/e2e/test_disaggregated)."""
     monkeypatch.setenv("VERL_CACHE", embedded_cache)
     cfg = tiny_config(
         "grpo_tiny_megatron",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from verl.config.schema import LoraConfig, OptimConfig
-from verl.engine import EngineConfig
+from verl.engine_protocol import EngineConfig
 from verl.protocol import DataProto
 
 EOS, PAD, R = 2, 0, 6

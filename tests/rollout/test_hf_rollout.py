@@ -7,7 +7,7 @@ import torch
 
 from tests.support.engines import gloo_world_one, llama_dir, make_llama_dir  # noqa: F401
 from verl.config.schema import OptimConfig, RolloutConfig
-from verl.engine import EngineConfig
+from verl.engine_protocol import EngineConfig
 from verl.protocol import DataProto
 from verl.rollout_batch import response_mask_until_eos
 from verl_fsdp.engine import FSDPEngine

@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from verl.controller import Dispatch, Worker, register
-from verl.engine import EngineConfig
+from verl.engine_protocol import EngineConfig
 from verl.protocol import DataProto
 from verl.workers.setup import quiet_libraries, set_threads
 
@@ -137,7 +137,7 @@ class EngineWorker(Worker):
         set_threads(None)
         device = self.device.type  # the pool's: cuda on a GPU pool
         self.init_distributed("nccl" if device == "cuda" else "gloo")
-        from verl.engine import load_engine
+        from verl.engine_protocol import load_engine
 
         cfg = EngineConfig(
             model_path=model_path,

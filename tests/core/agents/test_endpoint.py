@@ -33,7 +33,7 @@ CALC = {
 
 class Scripted:
     """A generate_batch that answers each context by its last line: a call for a question, the number after a
-    tool result. (The endpoint is what is tested here; tests/trainer/test_agents.py serves a real model.)"""
+    tool result. (The endpoint is what is tested here; tests/e2e/test_agents.py serves a real model.)"""
 
     def __init__(self, tokenizer):
         self.tok, self.contexts = tokenizer, []

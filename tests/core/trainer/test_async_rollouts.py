@@ -4,7 +4,7 @@ policy at most max_staleness updates newer than the oldest that sampled it, each
 prompts (in order, none skipped or repeated), and a checkpoint's data position is before the oldest batch in flight.
 
 The service here is a simulation (the real one, RolloutServer over the hf engine, is tested in
-tests/rollout/test_rollout_server.py and through the trainer in tests/trainer/test_async.py): what is under test is
+tests/rollout/test_rollout_server.py and through the trainer in tests/e2e/test_async.py): what is under test is
 the admission rule and the bookkeeping, which only see request ids, tokens and versions."""
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ class _RunsCode:
 def test_a_crafted_checkpoint_cannot_run_code_on_resume(tmp_path, gloo_world_one):  # noqa: F811 (fixture)
     import torch
 
-    from verl.engine_parts import TrainState, load_extra
+    from verl.engine_skeleton import TrainState, load_extra
     from verl.trainer.checkpoint import STATE_FILE
 
     m = CheckpointManager(str(tmp_path / "ckpt"), keep_last=2)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from verl.config.schema import OptimConfig
-from verl.engine import EngineConfig
-from verl.engine_parts import set_lr
+from verl.engine_protocol import EngineConfig
+from verl.engine_skeleton import set_lr
 from verl.utils.lr_schedule import lr_multiplier
 
 

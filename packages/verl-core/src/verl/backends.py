@@ -29,7 +29,7 @@ class BackendSpec:
     requires: Tuple[str, ...] = ()  # third-party modules it imports at run time
     extra: Optional[str] = None  # pip requirement that brings `requires`, e.g. "verl-rollout[vllm]"
     install_note: Optional[str] = None  # more on installing `requires` (another build, a Pants resolve)
-    engine: Optional[str] = None  # "module:Class" implementing verl.engine.TrainEngine / RolloutEngine
+    engine: Optional[str] = None  # "module:Class" implementing verl.engine_protocol.TrainEngine / RolloutEngine
     # Optional tools of a train backend, loaded only when used ("module:function"):
     model_info: Optional[str] = None  # (model_path, parallel: dict, kind) -> lines describing the built model
     # (checkpoint_dir, out_dir, *, model_path=None) -> writes a Hugging Face folder; model_path: a moved base model

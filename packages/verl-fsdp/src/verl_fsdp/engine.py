@@ -29,8 +29,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from verl import engine_parts as parts
-from verl.engine import EngineConfig, LossFn, Metrics
+from verl import engine_skeleton as parts
+from verl.engine_protocol import EngineConfig, LossFn, Metrics
 from verl.protocol import DataProto
 from verl.utils.hf_files import copy_tokenizer_files
 from verl.utils.logprob import entropy_from_logits, logprobs_from_logits
@@ -89,7 +89,7 @@ class FSDPEngine:
         )
 
     def release_memory(self) -> None:
-        """verl.engine.TrainEngine.release_memory (gradients are already freed after every step)."""
+        """verl.engine_protocol.TrainEngine.release_memory (gradients are already freed after every step)."""
         if self.sharded:  # the root stays unsharded after a forward without backward (a log-prob pass)
             for m in self.model.modules():
                 if isinstance(m, FSDPModule):
@@ -194,7 +194,7 @@ class FSDPEngine:
         entropy: bool = False,
         max_tokens: Optional[int] = None,
     ) -> DataProto:
-        """verl.engine.TrainEngine.infer; `max_tokens` cuts micro-batches by tokens instead of rows."""
+        """verl.engine_protocol.TrainEngine.infer; `max_tokens` cuts micro-batches by tokens instead of rows."""
         self.params_away.resident()
         self.model.eval()
         outs: List[Dict[str, torch.Tensor]] = []
@@ -213,7 +213,7 @@ class FSDPEngine:
         max_tokens: Optional[int] = None,
         **forward: Any,
     ) -> Metrics:
-        """verl.engine.TrainEngine.train_step; `max_tokens` cuts micro-batches by tokens instead of rows (the
+        """verl.engine_protocol.TrainEngine.train_step; `max_tokens` cuts micro-batches by tokens instead of rows (the
         Accumulator's weights keep the step the whole batch's); `forward` (temperature, entropy, entropy_grad)
         goes to the forward."""
         parts.require_optimizer(self.optimizer)

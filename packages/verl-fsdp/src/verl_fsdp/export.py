@@ -12,8 +12,8 @@ import os
 from typing import Dict, Optional
 
 from verl.config.schema import LoraConfig
-from verl.engine import EngineConfig
-from verl.engine_parts import meta_file, read_meta
+from verl.engine_protocol import EngineConfig
+from verl.engine_skeleton import meta_file, read_meta
 from verl.utils.world_of_one import world_of_one
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, PreTrainedModel
 
-from verl.engine import EngineConfig
+from verl.engine_protocol import EngineConfig
 
 
 def build_model(cfg: EngineConfig, dtype: torch.dtype) -> PreTrainedModel:

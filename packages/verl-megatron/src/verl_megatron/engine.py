@@ -18,8 +18,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from verl import engine_parts as parts
-from verl.engine import EngineConfig, LossFn, Metrics
+from verl import engine_skeleton as parts
+from verl.engine_protocol import EngineConfig, LossFn, Metrics
 from verl.protocol import DataProto
 from verl.utils.offload import Away, empty_device_cache, optimizer_state_tensors
 from verl.utils.shared_prefix import attention_weight_of, pack_shared_prefixes
@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 
 class MegatronEngine:
-    """verl.engine.TrainEngine on megatron-core: this rank's chunks of the role's model, its optimizer shard."""
+    """verl.engine_protocol.TrainEngine on megatron-core: this rank's chunks of the role's model, its optimizer shard."""
 
     gathered = None  # no in-place generation: the chunks are not one Hugging Face module
 
@@ -125,7 +125,7 @@ class MegatronEngine:
             self.grads_away.resident()
 
     def release_memory(self) -> None:
-        """verl.engine.TrainEngine.release_memory."""
+        """verl.engine_protocol.TrainEngine.release_memory."""
         self.params_away.release()
         self.grads_away.release()
         empty_device_cache()
@@ -398,7 +398,7 @@ class MegatronEngine:
         entropy: bool = False,
         max_tokens: Optional[int] = None,
     ) -> DataProto:
-        """verl.engine.TrainEngine.infer; `max_tokens` cuts micro-batches by tokens instead of rows."""
+        """verl.engine_protocol.TrainEngine.infer; `max_tokens` cuts micro-batches by tokens instead of rows."""
         self._resident()
         for c in self.chunks:
             c.eval()
@@ -429,7 +429,7 @@ class MegatronEngine:
         max_tokens: Optional[int] = None,
         **forward: Any,
     ) -> Metrics:
-        """verl.engine.TrainEngine.train_step (as the FSDP engine's) through megatron's pipeline schedule."""
+        """verl.engine_protocol.TrainEngine.train_step (as the FSDP engine's) through megatron's pipeline schedule."""
         parts.require_optimizer(self.optimizer)
         self._resident(grads=True)
         for c in self.chunks:

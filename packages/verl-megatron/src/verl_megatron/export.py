@@ -98,8 +98,8 @@ def export_checkpoint(
     TP=1, PP=1 on CPU in float32, then converted to HF names and written in the dtype it was trained in.
     Needs host memory for the model in float32.
     """
-    from verl.engine import EngineConfig
-    from verl.engine_parts import read_meta
+    from verl.engine_protocol import EngineConfig
+    from verl.engine_skeleton import read_meta
     from verl.utils.world_of_one import world_of_one
     from verl_megatron.engine import MegatronEngine
 

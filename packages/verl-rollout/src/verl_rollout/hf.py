@@ -15,7 +15,7 @@ from typing import Any, Callable, ContextManager, Optional
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from verl.engine import Weights
+from verl.engine_protocol import Weights
 from verl.protocol import DataProto
 from verl.rollout_batch import assemble_rollout
 
@@ -48,9 +48,9 @@ class HFRollout:
 
     @classmethod
     def build(cls, cfg, *, model_path: str, actor: Optional[Any] = None, **settings: Any) -> "HFRollout":
-        """From the run's settings (`verl.workers.engines.rollout_settings`): a colocated FSDP actor's module
+        """From the run's settings (`verl.workers.build_engines.rollout_settings`): a colocated FSDP actor's module
         is shared (generation runs on its gathered shards), otherwise the engine loads its own copy."""
-        in_place = actor is not None and actor.gathered is not None  # verl.engine.TrainEngine.gathered
+        in_place = actor is not None and actor.gathered is not None  # verl.engine_protocol.TrainEngine.gathered
         shared = dict(module=actor.model, gather=actor.gathered) if in_place else {}
         keep = ("max_new_tokens", "eos_token_id", "pad_token_id", "device")
         return cls(cfg, model_path=model_path, **{k: settings[k] for k in keep}, **shared)

@@ -16,7 +16,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 
 import torch
 
-from verl.engine import Weights
+from verl.engine_protocol import Weights
 from verl.protocol import DataProto
 from verl.rollout_batch import assemble_rollout, pad_rows, unpadded_prompts
 
@@ -80,7 +80,7 @@ class SGLangRollout:
 
     @classmethod
     def build(cls, cfg, *, model_path: str, actor: Optional[Any] = None, **settings: Any) -> "SGLangRollout":
-        """From the run's settings (`verl.workers.engines.rollout_settings`); SGLang keeps its own weights and
+        """From the run's settings (`verl.workers.build_engines.rollout_settings`); SGLang keeps its own weights and
         takes full ones after each update (validate refuses rollout.lora_sync=adapter for it)."""
         settings.pop("lora_rank", None)
         return cls(cfg, model_path=model_path, **settings)

@@ -36,7 +36,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from verl.engine import Weights
+from verl.engine_protocol import Weights
 from verl.protocol import DataProto
 from verl.rollout_batch import assemble_rollout, pad_rows, unpadded_prompts
 
@@ -139,7 +139,7 @@ class VLLMRollout:
 
     @classmethod
     def build(cls, cfg, *, model_path: str, actor: Optional[Any] = None, **settings: Any) -> "VLLMRollout":
-        """From the run's settings (`verl.workers.engines.rollout_settings`); vLLM keeps its own weights."""
+        """From the run's settings (`verl.workers.build_engines.rollout_settings`); vLLM keeps its own weights."""
         return cls(cfg, model_path=model_path, **settings)
 
     def _sampling(self, n: int, temperature: float, max_tokens: int) -> SamplingParams:
@@ -196,7 +196,7 @@ class VLLMRollout:
 
     # ---- request-level stepping (the rollout service) ------------------------------------------------------
     def add_request(self, request_id: str, prompt: List[int], *, temperature: float, max_tokens: int) -> None:
-        """verl.engine.RolloutEngine.add_request: into vLLM's scheduler, its tokens handed out as they come."""
+        """verl.engine_protocol.RolloutEngine.add_request: into vLLM's scheduler, its tokens handed out as they come."""
         self._wake_kv_cache()
         params = self._sampling(1, temperature, max_tokens)
         params.output_kind = RequestOutputKind.DELTA  # each step returns only the new tokens
@@ -206,7 +206,7 @@ class VLLMRollout:
         self.stepping.add(request_id)
 
     def step_requests(self) -> List[Tuple[str, List[int], List[float], bool]]:
-        """verl.engine.RolloutEngine.step_requests: one step of vLLM's scheduler over every request in it."""
+        """verl.engine_protocol.RolloutEngine.step_requests: one step of vLLM's scheduler over every request in it."""
         out = []
         for request in self.llm.llm_engine.step():
             sample = request.outputs[0]
@@ -218,7 +218,7 @@ class VLLMRollout:
         return out
 
     def abort_requests(self, request_ids: List[str]) -> None:
-        """verl.engine.RolloutEngine.abort_requests."""
+        """verl.engine_protocol.RolloutEngine.abort_requests."""
         ids = [i for i in request_ids if i in self.stepping]
         if ids:
             self.llm.llm_engine.abort_request(ids)

@@ -5,7 +5,7 @@ as it is), `chosen` and `rejected` (the preferred and the dispreferred reply: a 
 assistant message, TRL's conversational form). Optional `ref_chosen_logps` and `ref_rejected_logps` (floats):
 the reference model's summed log-probs of each reply, precomputed, so a run needs no reference model.
 
-A batch is the engine layout (`verl.engine`) with each pair's two rows adjacent, chosen first: the prompt
+A batch is the engine layout (`verl.engine_protocol`) with each pair's two rows adjacent, chosen first: the prompt
 left-padded, then the reply and its eos right-padded; prompts of a pair are equal, so shared-prefix packing
 computes each prompt once for both replies.
 """

@@ -144,7 +144,7 @@ def collate_sft(items: Sequence[dict[str, torch.Tensor]], pad_id: int) -> dict[s
 
 
 def collate_sft_batch(items: Sequence[dict[str, torch.Tensor]], pad_id: int) -> DataProto:
-    """`collate_sft` in the engine's layout (`verl.engine`): every token after the first is a 'response' token,
+    """`collate_sft` in the engine's layout (`verl.engine_protocol`): every token after the first is a 'response' token,
     predicted from the logits before it, and counted where the loss mask says so (`response_mask`)."""
     batch = collate_sft(items, pad_id)
     return DataProto.from_dict(

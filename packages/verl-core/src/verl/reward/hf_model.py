@@ -13,7 +13,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from verl.engine import DTYPES
+from verl.engine_protocol import DTYPES
 
 
 class HFRewardModel:

@@ -21,8 +21,8 @@ from verl.config.plan import Plan
 from verl.protocol import DataProto
 from verl.trainer.balance import balance_batch
 from verl.trainer.base import Trainer, mean_over_ranks
+from verl.trainer.batch_state import rollout_metrics
 from verl.trainer.registry import TRAINERS
-from verl.trainer.rollout_batches import rollout_metrics
 from verl.trainer.rollout_source import make_agents, make_rollout_source, prompt_loaders
 from verl.trainer.shaping import first_groups, groups_per_share, informative_groups, score_batch, scored_groups
 from verl.trainer.timer import StageTimer

@@ -27,12 +27,12 @@ from verl.protocol import DataProto
 from verl.trainer.agent_rollouts import AgentRollouts
 from verl.trainer.async_agent_rollouts import AsyncAgentRollouts
 from verl.trainer.async_rollouts import AsyncRollouts
-from verl.trainer.rollout_batches import PendingRollout, batch_from_state, batch_state
+from verl.trainer.batch_state import PendingRollout, batch_from_state, batch_state
 from verl.trainer.rollout_client import RolloutClient
 from verl.trainer.timer import StageTimer
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
+from verl.workers.build_engines import eos_and_pad
 from verl.workers.columns import PROMPTS
-from verl.workers.engines import eos_and_pad
 from verl.workers.rollout import RolloutWorker
 
 Metrics = Dict[str, float]

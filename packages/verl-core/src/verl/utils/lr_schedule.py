@@ -1,6 +1,6 @@
 """Learning-rate schedules: linear warmup, then constant or cosine decay to min_lr_ratio.
 
-Engines apply it through `verl.engine_parts.set_lr` (from their step count)."""
+Engines apply it through `verl.engine_skeleton.set_lr` (from their step count)."""
 
 from __future__ import annotations
 

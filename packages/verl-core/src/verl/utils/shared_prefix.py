@@ -1,6 +1,6 @@
 """Shared-prefix packing: the samples of a prompt computed as one sequence, the prompt once, and no padding.
 
-GRPO-style batches hold n responses per prompt, and the padded layout (`verl.engine`) runs the prompt n times.
+GRPO-style batches hold n responses per prompt, and the padded layout (`verl.engine_protocol`) runs the prompt n times.
 Packed, each group of rows with the same prompt becomes one sequence `[prompt, response_1, ..., response_n]`
 with an attention mask under which the prompt is causal and each response sees the prompt and its own earlier
 tokens only, at the positions it had in its padded row. Every response token is then predicted from exactly

@@ -1,1 +1,1 @@
-"""Role workers: the actor/rollout/reference process and the critic, written once against verl.engine."""
+"""Role workers: the actor/rollout/reference process and the critic, written once against verl.engine_protocol."""

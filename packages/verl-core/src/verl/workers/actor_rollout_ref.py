@@ -18,7 +18,7 @@ from verl.controller import Dispatch, Worker, register
 from verl.controller.worker import free_port
 from verl.protocol import DataProto
 from verl.utils.memory import PhasePeaks
-from verl.workers.engines import rollout_engine, train_engine
+from verl.workers.build_engines import rollout_engine, train_engine
 from verl.workers.losses import actor_loss_fn, preference_loss_fn, sft_loss
 from verl.workers.setup import setup_worker
 from verl.workers.weight_transfer import join_transfer_group, send_weights

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Tuple
 
-# What every engine forward reads (see verl.engine for the layout).
+# What every engine forward reads (see verl.engine_protocol for the layout).
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
 PROMPTS = ("input_ids", "attention_mask", "position_ids")
 

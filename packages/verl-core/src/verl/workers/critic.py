@@ -9,7 +9,7 @@ from verl.controller import Dispatch, Worker, register
 from verl.protocol import DataProto
 from verl.utils.memory import PhasePeaks
 from verl.workers.actor_rollout_ref import pass_sizes, run_minibatches
-from verl.workers.engines import train_engine
+from verl.workers.build_engines import train_engine
 from verl.workers.losses import critic_loss_fn
 from verl.workers.setup import setup_worker
 

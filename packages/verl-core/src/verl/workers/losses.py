@@ -8,7 +8,7 @@ import torch
 
 from verl.algos import agg_loss, compute_policy_loss, compute_value_loss, kl_penalty, rollout_mismatch_metrics
 from verl.algos.dpo import dpo_loss
-from verl.engine import LossFn
+from verl.engine_protocol import LossFn
 from verl.protocol import DataProto
 
 
@@ -67,7 +67,7 @@ def sft_loss(out: Dict[str, torch.Tensor], mb: DataProto) -> Tuple[torch.Tensor,
     return loss, {"loss": _metric(loss)}
 
 
-sft_loss.weight_by = "tokens"  # a token mean: micro-batches weigh their tokens (engine_parts.Accumulator)
+sft_loss.weight_by = "tokens"  # a token mean: micro-batches weigh their tokens (engine_skeleton.Accumulator)
 
 
 def preference_loss_fn(dpo_cfg) -> LossFn:
@@ -98,7 +98,7 @@ def preference_loss_fn(dpo_cfg) -> LossFn:
 
 
 def weight_by(loss_agg_mode) -> str:
-    """How an engine weighs micro-batches for this aggregation (engine_parts.Accumulator): token-mean averages
+    """How an engine weighs micro-batches for this aggregation (engine_skeleton.Accumulator): token-mean averages
     over the batch's tokens, every other mode over its rows."""
     return "tokens" if loss_agg_mode == "token-mean" else "rows"
 

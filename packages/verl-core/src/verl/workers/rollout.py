@@ -28,7 +28,7 @@ from verl.controller import Dispatch, Worker, register
 from verl.protocol import DataProto
 from verl.utils.memory import PhasePeaks
 from verl.utils.rng import get_rng_state, safe_load, set_rng_state
-from verl.workers.engines import eos_and_pad, rollout_engine
+from verl.workers.build_engines import eos_and_pad, rollout_engine
 from verl.workers.rollout_server import Request, RolloutServer
 from verl.workers.setup import setup_worker
 from verl.workers.weight_transfer import TransferStats, join_transfer_group, receive_weights

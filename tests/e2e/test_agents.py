@@ -73,7 +73,7 @@ def test_tool_recipe_trains_and_a_failing_tool_is_an_observation(tmp_path):
     _, rows = fit(tiny_config("grpo_tiny_tools", str(tmp_path / "ok"), *base))
     assert all(r["agent/tool_call_rate"] > 0.1 for r in rows)  # (a call the calculator cannot read is an error)
     assert all(r["rollout/logprob_diff_max"] < 1e-4 for r in rows)
-    broken = "rollout.agent.tools=[{_target_: tests.trainer.test_agents.BrokenCalculator}]"
+    broken = "rollout.agent.tools=[{_target_: tests.e2e.test_agents.BrokenCalculator}]"
     _, rows = fit(tiny_config("grpo_tiny_tools", str(tmp_path / "broken"), *base, broken))
     assert all(r["agent/tool_calls/mean"] > 0 for r in rows)
     for r in rows:  # every call failed, and was answered

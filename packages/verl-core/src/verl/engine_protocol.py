@@ -77,7 +77,7 @@ class TrainEngine(Protocol):
     """A model being trained (or only evaluated, for the reference) on this worker's shard of the role.
 
     The parts every engine shares (micro-batch accumulation, the skip policy for a non-finite gradient, the LR
-    schedule, the extra checkpoint state) live once in `verl.engine_parts`. An engine that splits the model
+    schedule, the extra checkpoint state) live once in `verl.engine_skeleton`. An engine that splits the model
     (megatron) may also offer `weights(gen_tp=g)`: this rank's shard for a rollout with tensor parallelism g.
     """
 
@@ -108,7 +108,7 @@ class TrainEngine(Protocol):
         entropy_grad: bool = True,
     ) -> Metrics:
         """One optimizer step over `batch` with gradient accumulation over micro-batches; returns the loss's metrics
-        (averaged as engine_parts.Accumulator weighs micro-batches) with grad_norm, lr and, when a non-finite
+        (averaged as engine_skeleton.Accumulator weighs micro-batches) with grad_norm, lr and, when a non-finite
         gradient skipped the update, skipped_steps=1. `max_tokens` as in `infer`.
         entropy: compute `entropy` for the loss; entropy_grad: whether its gradient is needed (fused kernels)."""
 
@@ -125,7 +125,7 @@ class TrainEngine(Protocol):
         gathered (one rank per data-parallel replica returns results; TP/PP peers compute the same rows)."""
 
     def save_checkpoint(self, path: str) -> None:
-        """The backend's model/optimizer state in its own format, plus `engine_parts.save_extra`; collective."""
+        """The backend's model/optimizer state in its own format, plus `engine_skeleton.save_extra`; collective."""
 
     def load_checkpoint(self, path: str) -> None: ...
 
@@ -143,7 +143,7 @@ class RolloutEngine(Protocol):
     @classmethod
     def build(cls, cfg: Any, *, model_path: str, actor: Optional[TrainEngine] = None, **settings: Any) -> Any:
         """The engine for the `rollout` config section `cfg`, beside the colocated actor engine (None when the
-        worker holds none); `settings` are `verl.workers.engines.rollout_settings` (lengths, token ids,
+        worker holds none); `settings` are `verl.workers.build_engines.rollout_settings` (lengths, token ids,
         device, dtype, seed). An engine takes what it uses from them."""
 
     def generate(

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 import torch
 import torch.distributed as dist
 
-from verl.engine import EngineConfig, LossFn, Metrics
+from verl.engine_protocol import EngineConfig, LossFn, Metrics
 from verl.protocol import DataProto
 from verl.utils.lr_schedule import lr_multiplier
 from verl.utils.rng import get_rng_state, safe_load, set_rng_state

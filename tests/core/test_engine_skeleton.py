@@ -1,4 +1,4 @@
-"""verl.engine_parts, the skeleton every train engine shares, on plain tensors (the engines: tests/engines/)."""
+"""verl.engine_skeleton, the skeleton every train engine shares, on plain tensors (the engines: tests/engines/)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 
 from tests.support.engines import gloo_world_one  # noqa: F401
 from verl.config.schema import OptimConfig
-from verl.engine import EngineConfig
-from verl.engine_parts import Accumulator, TrainState, load_extra, micro_batches, optimizer_step, save_extra
+from verl.engine_protocol import EngineConfig
+from verl.engine_skeleton import Accumulator, TrainState, load_extra, micro_batches, optimizer_step, save_extra
 from verl.protocol import DataProto
 
 

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from verl.config.plan import Plan, RolePlan
 from verl.config.schema import LoraConfig
-from verl.engine import EngineConfig, load_engine
+from verl.engine_protocol import EngineConfig, load_engine
 
 
 def train_engine(cfg: Any, role: RolePlan, *, model_path: str, total_steps: int, optimize: bool) -> Any:
