@@ -91,6 +91,7 @@ def median_call(fn, repeats: int) -> tuple[float, object]:
 def bench_model(name: str, args, root: str) -> dict:
     from safetensors.torch import load_file
 
+    from verl.engine_protocol import RolloutSettings
     from verl_rollout.hf import HFRollout
     from verl_rollout.vllm import VLLMRollout
 
@@ -102,12 +103,14 @@ def bench_model(name: str, args, root: str) -> dict:
     vocab = int(next(t for k, t in weights.items() if k.endswith("embed_tokens.weight")).shape[0])
     batch = prompts(args.prompts, args.prompt_len, vocab)
     cfg = RolloutConfig(temperature=1.0)
-    common = dict(model_path=path, max_new_tokens=args.max_new_tokens, eos_token_id=2, pad_token_id=0)
+    common = dict(max_new_tokens=args.max_new_tokens, eos_ids=(2,), pad_id=0, device=args.device)
     row = {"model": name, "params": n_params}
     engines = {
-        "hf": lambda: HFRollout(cfg, device=args.device, **common),
+        "hf": lambda: HFRollout(cfg, model_path=path, settings=RolloutSettings(**common)),
         "vllm": lambda: VLLMRollout(
-            cfg, device=args.device, max_prompt_length=args.prompt_len, dtype=args.dtype, **common
+            cfg,
+            model_path=path,
+            settings=RolloutSettings(**common, max_prompt_length=args.prompt_len, dtype=args.dtype),
         ),
     }
     for engine_name, make in engines.items():

@@ -111,6 +111,7 @@ def main() -> None:
 
     from verl.config.schema import RolloutConfig
     from verl.controller.worker import free_port
+    from verl.engine_protocol import RolloutSettings
     from verl.workers.rollout_server import RolloutServer
     from verl_rollout.vllm import VLLMRollout
 
@@ -122,10 +123,7 @@ def main() -> None:
     engine = VLLMRollout(
         RolloutConfig(),
         model_path=path,
-        max_new_tokens=args.max_new_tokens,
-        eos_token_id=[],
-        pad_token_id=0,
-        max_prompt_length=32,
+        settings=RolloutSettings(max_new_tokens=args.max_new_tokens, eos_ids=(), pad_id=0, max_prompt_length=32),
     )
     modes = {
         "stepped": (lambda: engine, 32),

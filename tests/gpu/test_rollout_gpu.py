@@ -80,16 +80,14 @@ def vllm_lora_rollout(cuda_world_one, llama_dir):  # noqa: F811
     """vLLM serving a LoRA actor's adapters (rollout.lora_sync: adapter) on the base weights it loaded."""
     pytest.importorskip("vllm", reason="vllm is not installed")
     from verl.config.schema import RolloutConfig
+    from verl.engine_protocol import RolloutSettings
     from verl_rollout.vllm import VLLMRollout
 
     cfg = RolloutConfig(temperature=1.0, gpu_memory_utilization=0.2, free_cache_engine=True, lora_sync="adapter")
     return VLLMRollout(
         cfg,
         model_path=llama_dir,
-        device="cuda",
-        dtype="float32",
-        **contract.SETTINGS,
-        lora_rank=8,
+        settings=RolloutSettings(**contract.SETTINGS, device="cuda", dtype="float32", lora_rank=8),
     )
 
 

@@ -14,7 +14,7 @@ from verl.protocol import DataProto
 
 EOS, PAD, R = 2, 0, 6
 # What every engine under contract is built with, besides its config and model (rollout_settings' keys).
-SETTINGS = dict(max_new_tokens=R, eos_token_id=EOS, pad_token_id=PAD, max_prompt_length=8, seed=3)
+SETTINGS = dict(max_new_tokens=R, eos_ids=(EOS,), pad_id=PAD, max_prompt_length=8, seed=3)  # RolloutSettings
 # fp32 on both sides; the engines' attention and matmul kernels differ from torch's in rounding only.
 LOGPROB_TOL = 1e-5
 

@@ -7,7 +7,7 @@ import torch
 
 from tests.support.engines import gloo_world_one, llama_dir, make_llama_dir  # noqa: F401
 from verl.config.schema import OptimConfig, RolloutConfig
-from verl.engine_protocol import EngineConfig
+from verl.engine_protocol import EngineConfig, RolloutSettings
 from verl.protocol import DataProto
 from verl.rollout_batch import response_mask_until_eos
 from verl_fsdp.engine import FSDPEngine
@@ -39,7 +39,8 @@ def _actor(path):
 
 def _rollout(path, engine=None, **cfg):
     kw = dict(module=engine.model, gather=engine.gathered) if engine is not None else {}
-    return HFRollout(RolloutConfig(**cfg), model_path=path, max_new_tokens=6, eos_token_id=EOS, pad_token_id=PAD, **kw)
+    settings = RolloutSettings(max_new_tokens=6, eos_ids=(EOS,), pad_id=PAD)
+    return HFRollout(RolloutConfig(**cfg), model_path=path, settings=settings, **kw)
 
 
 def test_generate_layout_and_log_probs_match_the_actor(gloo_world_one, llama_dir):  # noqa: F811

@@ -8,6 +8,7 @@ import pytest
 from tests.rollout import service_contract as contract
 from tests.support.engines import llama_dir  # noqa: F401
 from verl.config.schema import RolloutConfig
+from verl.engine_protocol import RolloutSettings
 from verl.workers.rollout_server import Request, RolloutServer
 from verl_rollout.hf import HFRollout
 
@@ -18,9 +19,7 @@ def make(llama_dir):  # noqa: F811
         engine = HFRollout(
             RolloutConfig(),
             model_path=llama_dir,
-            max_new_tokens=contract.MAX_NEW,
-            eos_token_id=eos,
-            pad_token_id=contract.PAD,
+            settings=RolloutSettings(max_new_tokens=contract.MAX_NEW, eos_ids=(eos,), pad_id=contract.PAD),
         )
         return RolloutServer(
             wrap(engine), eos_ids=[eos], pad_id=contract.PAD, max_new_tokens=contract.MAX_NEW, chunk=chunk

@@ -19,7 +19,7 @@ from verl.agents.render import InsertRenderer
 from verl.agents.runner import AgentRunner
 from verl.agents.tools import evaluate
 from verl.agents.trajectory import Trajectory, trajectories_to_batch
-from verl.trainer.agent_rollouts import left_padded
+from verl.rollout_batch import left_padded
 
 CALC = {
     "type": "function",

@@ -17,7 +17,7 @@ from verl.agents.tools import Calculator
 from verl.agents.trajectory import Trajectory, trajectories_to_batch, trajectory_metrics
 from verl.data.sft_dataset import conversation_ids
 from verl.embedded.tokenizer import build_char_tokenizer
-from verl.trainer.agent_rollouts import left_padded
+from verl.rollout_batch import left_padded
 
 # A template with role markup where text follows the assistant's eos (like ChatML's "<|im_end|>\n").
 MARKUP = (

@@ -13,6 +13,7 @@ import pytest
 from tests.rollout import engine_contract as contract
 from tests.support.engines import gloo_world_one  # noqa: F401
 from verl.config.schema import ParallelConfig, RolloutConfig
+from verl.engine_protocol import RolloutSettings
 from verl_rollout.vllm import VLLMRollout, lora_slot
 
 pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/rollout/vllm/BUILD too)
@@ -23,8 +24,7 @@ def rollout(gloo_world_one, llama_dir):  # noqa: F811
     return VLLMRollout(
         RolloutConfig(temperature=1.0, parallel=ParallelConfig(tp=1), lora_sync="adapter"),
         model_path=llama_dir,
-        **contract.SETTINGS,
-        lora_rank=8,
+        settings=RolloutSettings(**contract.SETTINGS, lora_rank=8),
     )
 
 

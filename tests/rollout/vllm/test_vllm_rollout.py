@@ -11,6 +11,7 @@ import pytest
 from tests.rollout import engine_contract as contract
 from tests.support.engines import gloo_world_one  # noqa: F401
 from verl.config.schema import ParallelConfig, RolloutConfig
+from verl.engine_protocol import RolloutSettings
 from verl_rollout.vllm import VLLMRollout
 
 pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/rollout/vllm/BUILD too)
@@ -22,7 +23,7 @@ def rollout(gloo_world_one, llama_dir):  # noqa: F811
     return VLLMRollout(
         RolloutConfig(temperature=1.0, parallel=ParallelConfig(tp=1)),
         model_path=llama_dir,
-        **contract.SETTINGS,
+        settings=RolloutSettings(**contract.SETTINGS),
     )
 
 

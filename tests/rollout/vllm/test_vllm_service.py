@@ -12,6 +12,7 @@ import pytest
 from tests.rollout import service_contract as contract
 from tests.support.engines import gloo_world_one  # noqa: F401
 from verl.config.schema import RolloutConfig
+from verl.engine_protocol import RolloutSettings
 from verl.workers.rollout_server import Request, RolloutServer
 from verl_rollout.vllm import VLLMRollout
 
@@ -33,10 +34,12 @@ def engines(gloo_world_one, llama_dir, tmp_path_factory):  # noqa: F811
             built[eos] = VLLMRollout(
                 RolloutConfig(),
                 model_path=no_eos if eos == contract.NEVER else llama_dir,
-                max_new_tokens=contract.MAX_NEW,
-                eos_token_id=[] if eos == contract.NEVER else eos,
-                pad_token_id=contract.PAD,
-                max_prompt_length=16,
+                settings=RolloutSettings(
+                    max_new_tokens=contract.MAX_NEW,
+                    eos_ids=() if eos == contract.NEVER else (eos,),
+                    pad_id=contract.PAD,
+                    max_prompt_length=16,
+                ),
             )
         return built[eos]
 

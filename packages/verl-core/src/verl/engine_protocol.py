@@ -73,6 +73,38 @@ class EngineConfig:
         return config
 
 
+def eos_and_pad(tokenizer: Any) -> Tuple[List[int], int]:
+    """The tokenizer's eos ids, as a list, and its pad id (the first eos id when it has none): the one place they are
+    normalised."""
+    eos = tokenizer.eos_token_id
+    eos_ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    return eos_ids, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """What a rollout engine is built from besides its config section (`rollout`): the run's lengths, its token ids,
+    and where and how it computes (`verl.workers.build_engines.rollout_settings` makes them from the run)."""
+
+    max_new_tokens: int  # the run's response length: every generate call's responses are this wide (or narrower)
+    eos_ids: Tuple[int, ...]  # a response ends at the first of these (none: it runs to its length)
+    pad_id: int  # what pads prompts on the left and responses on the right
+    max_prompt_length: int = 0  # the longest prompt (0: the engine's own limit)
+    device: str = "cpu"
+    dtype: str = "bfloat16"  # what a serving engine computes in on GPU (the CPU ones compute in float32)
+    seed: int = 1
+    lora_rank: int = 0  # the rank of the adapters it will be sent (rollout.lora_sync: adapter); 0: full weights
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "eos_ids", tuple(int(i) for i in self.eos_ids))
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Any, **fields: Any) -> "RolloutSettings":
+        """The settings with `tokenizer`'s eos and pad ids (`eos_and_pad`)."""
+        eos_ids, pad_id = eos_and_pad(tokenizer)
+        return cls(eos_ids=tuple(eos_ids), pad_id=pad_id, **fields)
+
+
 class TrainEngine(Protocol):
     """A model being trained (or only evaluated, for the reference) on this worker's shard of the role.
 
@@ -80,6 +112,10 @@ class TrainEngine(Protocol):
     schedule, the extra checkpoint state) live once in `verl.engine_skeleton`. An engine that splits the model
     (megatron) may also offer `weights(gen_tp=g)`: this rank's shard for a rollout with tensor parallelism g.
     """
+
+    model: Any
+    """The model as the engine trains it: one Hugging Face module (fsdp; what `gathered` unshards), or the
+    backend's own form (megatron's model chunks)."""
 
     # ---- optional capabilities: every engine declares them, None / 0 where it has none (no hasattr probing)
     gathered: Optional[Callable[[], ContextManager[torch.nn.Module]]]
@@ -141,10 +177,9 @@ class RolloutEngine(Protocol):
     """Generates responses for prompts; its weights follow the actor's after every update."""
 
     @classmethod
-    def build(cls, cfg: Any, *, model_path: str, actor: Optional[TrainEngine] = None, **settings: Any) -> Any:
+    def build(cls, cfg: Any, *, model_path: str, settings: RolloutSettings, actor: Optional[TrainEngine] = None) -> Any:
         """The engine for the `rollout` config section `cfg`, beside the colocated actor engine (None when the
-        worker holds none); `settings` are `verl.workers.build_engines.rollout_settings` (lengths, token ids,
-        device, dtype, seed). An engine takes what it uses from them."""
+        worker holds none). An engine takes what it uses from `settings`."""
 
     def generate(
         self, prompts: DataProto, *, n: int, temperature: Optional[float] = None, max_new_tokens: int = 0

@@ -10,6 +10,19 @@ import torch
 from verl.protocol import DataProto
 
 
+def left_padded(rows: Sequence[Sequence[int]], pad_id: int) -> DataProto:
+    """Prompt rows of any lengths as a generate call's input: input_ids / attention_mask / position_ids, left-padded
+    to the longest, positions counting real tokens."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :] = torch.tensor(list(row), dtype=torch.long)
+        mask[i, width - len(row) :] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": pos})
+
+
 def response_mask_until_eos(responses: torch.Tensor, eos_ids: list[int]) -> torch.Tensor:
     """1 on every token up to and including the first eos of each row, 0 after it."""
     is_eos = torch.isin(responses, torch.tensor(eos_ids, device=responses.device))

@@ -15,7 +15,7 @@ from typing import Any, Callable, ContextManager, Optional
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from verl.engine_protocol import Weights
+from verl.engine_protocol import RolloutSettings, TrainEngine, Weights
 from verl.protocol import DataProto
 from verl.rollout_batch import assemble_rollout
 
@@ -26,18 +26,17 @@ class HFRollout:
         cfg,  # verl.config.schema.RolloutConfig
         *,
         model_path: str,
-        max_new_tokens: int,
-        eos_token_id: int | list[int],
-        pad_token_id: int,
-        device: str = "cpu",
+        settings: RolloutSettings,
         module: Optional[torch.nn.Module] = None,
         gather: Optional[Callable[[], ContextManager]] = None,
     ):
+        """Generates with transformers on `module` (a colocated actor's, unsharded by `gather`), else its own copy
+        of `model_path`; of `settings` it takes the lengths, token ids and device."""
         self.cfg = cfg
-        self.max_new_tokens = max_new_tokens
-        self.eos_ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-        self.pad_token_id = pad_token_id
-        self.device = torch.device(device)
+        self.max_new_tokens = settings.max_new_tokens
+        self.eos_ids = list(settings.eos_ids)
+        self.pad_token_id = settings.pad_id
+        self.device = torch.device(settings.device)
         self.shared = module is not None
         if module is None:
             module = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation="sdpa")
@@ -47,13 +46,14 @@ class HFRollout:
         self._released: Optional[dict] = None  # name -> shape of parameters released by sleep()
 
     @classmethod
-    def build(cls, cfg, *, model_path: str, actor: Optional[Any] = None, **settings: Any) -> "HFRollout":
-        """From the run's settings (`verl.workers.build_engines.rollout_settings`): a colocated FSDP actor's module
-        is shared (generation runs on its gathered shards), otherwise the engine loads its own copy."""
-        in_place = actor is not None and actor.gathered is not None  # verl.engine_protocol.TrainEngine.gathered
+    def build(
+        cls, cfg, *, model_path: str, settings: RolloutSettings, actor: Optional[TrainEngine] = None
+    ) -> "HFRollout":
+        """A colocated FSDP actor's module is shared (generation runs on its gathered shards), otherwise the engine
+        loads its own copy."""
+        in_place = actor is not None and actor.gathered is not None  # (TrainEngine.gathered, TrainEngine.model)
         shared = dict(module=actor.model, gather=actor.gathered) if in_place else {}
-        keep = ("max_new_tokens", "eos_token_id", "pad_token_id", "device")
-        return cls(cfg, model_path=model_path, **{k: settings[k] for k in keep}, **shared)
+        return cls(cfg, model_path=model_path, settings=settings, **shared)
 
     def _generation_config(self, temperature: float, max_new_tokens: int) -> GenerationConfig:
         sample = temperature > 0

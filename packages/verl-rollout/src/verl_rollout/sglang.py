@@ -16,7 +16,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 
 import torch
 
-from verl.engine_protocol import Weights
+from verl.engine_protocol import RolloutSettings, Weights
 from verl.protocol import DataProto
 from verl.rollout_batch import assemble_rollout, pad_rows, unpadded_prompts
 
@@ -44,14 +44,11 @@ class SGLangRollout:
         cfg,  # verl.config.schema.RolloutConfig
         *,
         model_path: str,
-        max_new_tokens: int,
-        eos_token_id: int | list[int],
-        pad_token_id: int,
-        device: str = "cuda",
-        max_prompt_length: int = 0,
-        dtype: str = "bfloat16",
-        seed: int = 1,
+        settings: RolloutSettings,
     ):
+        """SGLang's engine on this process's GPU; it keeps its own weights and takes full ones after each update
+        (validate refuses rollout.lora_sync=adapter for it, so `settings.lora_rank` is 0)."""
+        device, max_prompt_length, max_new_tokens = settings.device, settings.max_prompt_length, settings.max_new_tokens
         if not device.startswith("cuda") or not torch.cuda.is_available():
             raise RuntimeError("the sglang rollout runs on CUDA GPUs only; use rollout.backend=vllm or hf on CPU")
         if int(cfg.parallel.tp or 1) != 1:
@@ -60,14 +57,14 @@ class SGLangRollout:
 
         self.cfg = cfg
         self.max_new_tokens = max_new_tokens
-        self.eos_ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-        self.pad_token_id = pad_token_id
+        self.eos_ids = list(settings.eos_ids)
+        self.pad_token_id = settings.pad_id
         self.memory_saver = bool(cfg.free_cache_engine)
         kwargs: dict[str, Any] = dict(
             model_path=model_path,
             skip_tokenizer_init=True,
-            dtype=dtype,
-            random_seed=seed,
+            dtype=settings.dtype,
+            random_seed=settings.seed,
             mem_fraction_static=float(cfg.gpu_memory_utilization),
             enable_memory_saver=self.memory_saver,
             base_gpu_id=torch.cuda.current_device(),
@@ -79,11 +76,8 @@ class SGLangRollout:
         self.kv_released = self.weights_released = self.weights_stale = False
 
     @classmethod
-    def build(cls, cfg, *, model_path: str, actor: Optional[Any] = None, **settings: Any) -> "SGLangRollout":
-        """From the run's settings (`verl.workers.build_engines.rollout_settings`); SGLang keeps its own weights and
-        takes full ones after each update (validate refuses rollout.lora_sync=adapter for it)."""
-        settings.pop("lora_rank", None)
-        return cls(cfg, model_path=model_path, **settings)
+    def build(cls, cfg, *, model_path: str, settings: RolloutSettings, actor: Optional[Any] = None) -> "SGLangRollout":
+        return cls(cfg, model_path=model_path, settings=settings)
 
     def _sampling(self, temperature: float, max_new_tokens: int) -> dict:
         sample = temperature > 0

@@ -36,7 +36,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from verl.engine_protocol import Weights
+from verl.engine_protocol import RolloutSettings, Weights
 from verl.protocol import DataProto
 from verl.rollout_batch import assemble_rollout, pad_rows, unpadded_prompts
 
@@ -90,21 +90,16 @@ class VLLMRollout:
         cfg,  # verl.config.schema.RolloutConfig
         *,
         model_path: str,
-        max_new_tokens: int,
-        eos_token_id: int | list[int],
-        pad_token_id: int,
-        device: str = "cpu",
-        max_prompt_length: int = 0,
-        dtype: str = "bfloat16",
-        seed: int = 1,
-        lora_rank: int = 0,
+        settings: RolloutSettings,
     ):
-        """lora_rank: the rank of the adapters `load_adapter` will be sent (rollout.lora_sync: adapter); 0: the
-        engine takes full weights through `update_weights`."""
+        """vLLM's engine in this process; it keeps its own weights. settings.lora_rank: the rank of the adapters
+        `load_adapter` will be sent (rollout.lora_sync: adapter); 0: full weights through `update_weights`."""
+        device, dtype, lora_rank = settings.device, settings.dtype, settings.lora_rank
+        max_prompt_length, max_new_tokens = settings.max_prompt_length, settings.max_new_tokens
         self.cfg = cfg
         self.max_new_tokens = max_new_tokens
-        self.eos_ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-        self.pad_token_id = pad_token_id
+        self.eos_ids = list(settings.eos_ids)
+        self.pad_token_id = settings.pad_id
         on_gpu = device.startswith("cuda")
         tp = int(cfg.parallel.tp or 1)
         self.sleep_mode = bool(cfg.free_cache_engine) and on_gpu
@@ -114,7 +109,7 @@ class VLLMRollout:
             # The CPU actor computes in float32; matching it keeps trainer and rollout log-probs comparable.
             dtype=dtype if on_gpu else "float32",
             enforce_eager=bool(cfg.enforce_eager) or not on_gpu,
-            seed=seed,
+            seed=settings.seed,
             tensor_parallel_size=tp,
             logprobs_mode="processed_logprobs",
             enable_sleep_mode=self.sleep_mode,
@@ -138,9 +133,8 @@ class VLLMRollout:
         self.stepping: set = set()  # ids of the service's requests inside vLLM's scheduler
 
     @classmethod
-    def build(cls, cfg, *, model_path: str, actor: Optional[Any] = None, **settings: Any) -> "VLLMRollout":
-        """From the run's settings (`verl.workers.build_engines.rollout_settings`); vLLM keeps its own weights."""
-        return cls(cfg, model_path=model_path, **settings)
+    def build(cls, cfg, *, model_path: str, settings: RolloutSettings, actor: Optional[Any] = None) -> "VLLMRollout":
+        return cls(cfg, model_path=model_path, settings=settings)
 
     def _sampling(self, n: int, temperature: float, max_tokens: int) -> SamplingParams:
         sample = temperature > 0

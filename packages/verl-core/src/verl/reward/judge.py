@@ -43,9 +43,8 @@ import torch
 
 from verl.backends import check_backend
 from verl.config.errors import errors
-from verl.engine_protocol import DTYPES, load_engine
-from verl.workers.build_engines import eos_and_pad
-from verl.workers.rollout_server import left_padded
+from verl.engine_protocol import DTYPES, RolloutSettings, eos_and_pad, load_engine
+from verl.rollout_batch import left_padded
 
 __all__ = ["DEFAULT_SCORE_PATTERN", "DEFAULT_TEMPLATE", "GenerativeJudge", "parse_score"]
 
@@ -93,10 +92,9 @@ class GenerativeJudge:
         if self.tokenizer.eos_token_id is None:
             raise ValueError(f"{_KEY}.tokenizer_path: the judge's tokenizer has no eos token, so it could not stop")
         self.eos_ids, self.pad_id = eos_and_pad(self.tokenizer)
-        # what verl.workers.build_engines.rollout_settings gives a rollout engine; no prompt limit, no LoRA adapters
-        settings = dict(max_new_tokens=self.max_new_tokens, max_prompt_length=0, eos_token_id=self.eos_ids)
-        settings.update(pad_token_id=self.pad_id, device=device, dtype=dtype, seed=1, lora_rank=0)
-        self.engine = load_engine(backend, "rollout").build(engine_cfg, model_path=path, actor=None, **settings)
+        # no prompt limit, no LoRA adapters
+        settings = RolloutSettings(self.max_new_tokens, tuple(self.eos_ids), self.pad_id, device=device, dtype=dtype)
+        self.engine = load_engine(backend, "rollout").build(engine_cfg, model_path=path, settings=settings)
         self.last_outputs: List[str] = []
         self.last_metrics: Dict[str, float] = {}
 

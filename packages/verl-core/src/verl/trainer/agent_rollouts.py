@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-import torch
-from torch.nn.utils.rnn import pad_sequence
-
 from verl.agents.client import Completion, Request
 from verl.agents.loops import AgentSample
 from verl.agents.runner import AgentRunner
 from verl.agents.trajectory import Trajectory, trajectories_to_batch
 from verl.protocol import DataProto
+from verl.rollout_batch import left_padded
 
 # (prompts with PROMPTS columns, temperature, max_new_tokens) -> the workers' rollout batch
 GenerateCall = Callable[[DataProto, Optional[float], int], DataProto]
@@ -45,16 +43,6 @@ def agent_samples(prompts: DataProto, n: int) -> List[AgentSample]:
         )
         samples += [s] * n
     return samples
-
-
-def left_padded(contexts: Sequence[List[int]], pad_id: int) -> DataProto:
-    """Contexts of any lengths as a generate call's prompts (left-padded, positions counting real tokens)."""
-    rows = [torch.tensor(c, dtype=torch.long) for c in contexts]
-    ids = pad_sequence(rows, batch_first=True, padding_value=pad_id, padding_side="left")
-    mask = pad_sequence([torch.ones_like(r) for r in rows], batch_first=True, padding_side="left")
-    return DataProto.from_dict(
-        {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
-    )
 
 
 def batch_generator(call: GenerateCall, *, dp: int, eos_ids: List[int], pad_id: int):

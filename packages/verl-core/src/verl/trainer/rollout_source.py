@@ -23,6 +23,7 @@ import numpy as np
 
 from verl.config.plan import Plan
 from verl.data.build import make_rl_dataloaders
+from verl.engine_protocol import eos_and_pad
 from verl.protocol import DataProto
 from verl.trainer.agent_rollouts import AgentRollouts
 from verl.trainer.async_agent_rollouts import AsyncAgentRollouts
@@ -31,7 +32,6 @@ from verl.trainer.batch_state import PendingRollout, batch_from_state, batch_sta
 from verl.trainer.rollout_client import RolloutClient
 from verl.trainer.timer import StageTimer
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
-from verl.workers.build_engines import eos_and_pad
 from verl.workers.columns import PROMPTS
 from verl.workers.rollout import RolloutWorker
 

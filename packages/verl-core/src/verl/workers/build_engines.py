@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
 from verl.config.plan import Plan, RolePlan
 from verl.config.schema import LoraConfig
-from verl.engine_protocol import EngineConfig, load_engine
+from verl.engine_protocol import EngineConfig, RolloutSettings, load_engine
 
 
 def train_engine(cfg: Any, role: RolePlan, *, model_path: str, total_steps: int, optimize: bool) -> Any:
@@ -45,21 +45,12 @@ def _lora(section: Any) -> Optional[LoraConfig]:
     return LoraConfig(**OmegaConf.to_container(lora, resolve=True))
 
 
-def eos_and_pad(tokenizer: Any) -> Tuple[List[int], int]:
-    """The tokenizer's eos ids, as a list, and its pad id (the first eos id when it has none)."""
-    eos = tokenizer.eos_token_id
-    eos_ids = [eos] if isinstance(eos, int) else list(eos)
-    return eos_ids, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
-
-
-def rollout_settings(cfg: Any, plan: Plan, tokenizer: Any) -> Dict[str, Any]:
+def rollout_settings(cfg: Any, plan: Plan, tokenizer: Any) -> RolloutSettings:
     """What every rollout engine is built from, besides its config section (`cfg.rollout`)."""
-    eos = tokenizer.eos_token_id
-    return dict(
+    return RolloutSettings.for_tokenizer(
+        tokenizer,
         max_new_tokens=plan.response_length,
         max_prompt_length=plan.prompt_length,
-        eos_token_id=eos,
-        pad_token_id=eos_and_pad(tokenizer)[1],
         device=cfg.placement.device,
         dtype=cfg.model.dtype,
         seed=cfg.trainer.seed,
@@ -71,4 +62,4 @@ def rollout_settings(cfg: Any, plan: Plan, tokenizer: Any) -> Dict[str, Any]:
 def rollout_engine(cfg: Any, plan: Plan, *, model_path: str, tokenizer: Any, actor: Optional[Any]) -> Any:
     """The RolloutEngine of the rollout role, beside the colocated actor engine (which an engine may share)."""
     cls = load_engine(plan.role("rollout").backend, "rollout")
-    return cls.build(cfg.rollout, model_path=model_path, actor=actor, **rollout_settings(cfg, plan, tokenizer))
+    return cls.build(cfg.rollout, model_path=model_path, actor=actor, settings=rollout_settings(cfg, plan, tokenizer))

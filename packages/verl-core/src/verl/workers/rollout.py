@@ -25,10 +25,11 @@ import torch
 
 from verl.config.plan import Plan
 from verl.controller import Dispatch, Worker, register
+from verl.engine_protocol import eos_and_pad
 from verl.protocol import DataProto
 from verl.utils.memory import PhasePeaks
 from verl.utils.rng import get_rng_state, safe_load, set_rng_state
-from verl.workers.build_engines import eos_and_pad, rollout_engine
+from verl.workers.build_engines import rollout_engine
 from verl.workers.rollout_server import Request, RolloutServer
 from verl.workers.setup import setup_worker
 from verl.workers.weight_transfer import TransferStats, join_transfer_group, receive_weights

@@ -29,9 +29,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
-import torch
-
 from verl.protocol import DataProto
+from verl.rollout_batch import left_padded
 
 
 @dataclass
@@ -71,18 +70,6 @@ class Finished:
     @property
     def oldest_version(self) -> int:
         return min(self.versions, default=-1)
-
-
-def left_padded(rows: Sequence[Sequence[int]], pad_id: int) -> DataProto:
-    """Prompt rows as a generate input: input_ids/attention_mask/position_ids, left-padded to the longest."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row) :] = torch.tensor(list(row), dtype=torch.long)
-        mask[i, width - len(row) :] = 1
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    return DataProto.from_dict({"input_ids": ids, "attention_mask": mask, "position_ids": pos})
 
 
 class RolloutServer:
