@@ -6,10 +6,9 @@ import re
 
 import pytest
 
-from tests.support.fixtures import make_cfg
+from tests.support.fixtures import make_cfg, make_plan
 from verl.cli.render import format_plan
 from verl.config.placement import Layout, enabled_roles
-from verl.config.plan import make_plan
 from verl.config.schema import VerlConfig
 
 SIXTEEN = {

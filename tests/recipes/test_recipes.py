@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.fixtures import make_plan
 from verl.backends import installed_backends
 from verl.config.errors import ConfigError
 from verl.config.loader import load_config
 from verl.config.placement import enabled_roles, role_backend
-from verl.config.plan import make_plan
 from verl.config.validate import validate
 
 RECIPES = Path("recipes")

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any, Optional
+
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
+from verl.config.errors import ConfigProblem, errors
+from verl.config.plan import Plan, draft_plan
 from verl.config.schema import VerlConfig
 
 # The smallest valid run: every required key set, everything else at its default.
@@ -146,3 +150,9 @@ def build_judge_model(folder) -> str:
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
+
+
+def make_plan(cfg: Any) -> tuple[Optional[Plan], list[ConfigProblem]]:
+    """The plan of `cfg`, or None when its placement has errors; the placement problems either way."""
+    draft = draft_plan(cfg)
+    return (None if errors(draft.problems) else draft.plan), list(draft.problems)

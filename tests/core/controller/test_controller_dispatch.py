@@ -9,8 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.fixtures import make_cfg
-from verl.config.plan import make_plan
+from tests.support.fixtures import make_cfg, make_plan
 from verl.controller import Dispatch, ResourcePool, Worker, WorkerError, init_ray, pools_from_plan, register
 from verl.controller.dispatch import (
     DispatchInfo,

@@ -26,8 +26,17 @@ class AgentLoopError(RuntimeError):
 class AgentRunner:
     """The agent loop of `rollout.agent` with its tools, parser and environment, run over batches of samples."""
 
-    def __init__(self, agent: Any, tokenizer: Any, response_length: int, max_prompt_length: int = 1 << 20):
+    def __init__(
+        self,
+        agent: Any,
+        tokenizer: Any,
+        response_length: int,
+        max_prompt_length: int = 1 << 20,
+        max_turns: Optional[int] = None,
+    ):
+        """max_turns: the plan's agent_max_turns (None: rollout.agent.max_turns of `agent`)."""
         self.cfg, self.tokenizer, self.response_length = agent, tokenizer, response_length
+        self.max_turns = int(max_turns if max_turns is not None else agent.max_turns)
         self.max_prompt_length = max_prompt_length  # (what an agent program's own prompt may hold)
         program = agent.program
         self.program = OmegaConf.to_container(program) if isinstance(program, (DictConfig, ListConfig)) else program
@@ -66,7 +75,7 @@ class AgentRunner:
             renderer=self.renderer,
             trajectory=Trajectory(prompt_ids=list(sample.prompt_ids)),
             max_response_tokens=self.response_length,
-            max_turns=self.cfg.max_turns,
+            max_turns=self.max_turns,
             temperature=temperature,
             tools=self.tools if tools is None else {name: self.tools[name] for name in tools},
             tool_kwargs=sample.extra_info.get("tools_kwargs") or {},

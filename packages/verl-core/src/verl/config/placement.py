@@ -17,7 +17,7 @@ import difflib
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -42,9 +42,19 @@ def value(cfg: DictConfig, key: str) -> Any:
     return OmegaConf.select(cfg, key, default=None)
 
 
+TrainerKind = Literal["ppo", "dpo", "online_dpo", "sft"]
+
+
+def trainer_kind(cfg: DictConfig) -> TrainerKind:
+    """What trains a run (the plan's `trainer`), read from algorithm.name once: "ppo" for ppo, grpo and unset (every
+    advantage estimator), else the preference algorithm (dpo, online_dpo) or "sft"."""
+    name = value(cfg, "algorithm.name")
+    return name if name in (*PREFERENCE_ALGORITHMS, "sft") else "ppo"
+
+
 def _switch(cfg: DictConfig, role: str) -> Tuple[bool, str]:
     """Whether a role runs and, when it does, a short reason for messages about it."""
-    if role == "rollout" and value(cfg, "algorithm.name") == "sft":
+    if role == "rollout" and trainer_kind(cfg) == "sft":
         return False, "algorithm.name=sft generates nothing"
     if role in ("actor", "rollout"):
         return True, "always on"
@@ -55,8 +65,8 @@ def _switch(cfg: DictConfig, role: str) -> Tuple[bool, str]:
     if enable is not None:
         return bool(enable), f"{role}.enable=true"
     if role == "ref":
-        if value(cfg, "algorithm.name") in PREFERENCE_ALGORITHMS:
-            return True, f"algorithm.name={value(cfg, 'algorithm.name')}"
+        if trainer_kind(cfg) in PREFERENCE_ALGORITHMS:
+            return True, f"algorithm.name={trainer_kind(cfg)}"
         kl = bool(value(cfg, "actor.use_kl_loss")) or bool(value(cfg, "algorithm.use_kl_in_reward"))
         return kl, "actor.use_kl_loss or algorithm.use_kl_in_reward is true"
     return "values" in estimator_inputs(cfg), f"algorithm.adv_estimator={value(cfg, 'algorithm.adv_estimator')}"

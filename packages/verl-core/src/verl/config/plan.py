@@ -12,7 +12,7 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, List, Literal, Optional, Sequence, Tuple
+from typing import Any, Literal, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig
 
@@ -21,11 +21,13 @@ from verl.config.placement import (
     Coords,
     Layout,
     Pool,
+    TrainerKind,
     as_config,
     assign_roles,
     enabled_roles,
     resolve_layouts,
     resolve_pools,
+    trainer_kind,
     value,
 )
 from verl.config.schema import PREFERENCE_ALGORITHMS
@@ -159,7 +161,7 @@ class Plan:
     agent_max_turns: int = 1
     # what trains: "ppo" (PPOTrainer: ppo, grpo and every advantage estimator), "dpo" or "online_dpo"
     # (DPOTrainer), "sft" (SFTTrainer); from algorithm.name (verl.trainer.registry maps it to the class)
-    trainer: str = "ppo"
+    trainer: TrainerKind = "ppo"
     controller: str = "ray"  # what runs the workers: trainer.controller, with auto resolved (_controller)
     controller_why: str = ""
     threads: Optional[int] = None  # CPU: torch threads of each worker process (None on GPUs)
@@ -293,7 +295,7 @@ def batch_plan(cfg: DictConfig, roles: Sequence[str], layouts: Sequence[Layout])
     pairs = preference(cfg)
     if pairs == "dpo":  # offline: each prompt's two rows are its chosen and rejected responses (rollout.n unused)
         n = 2
-    elif value(cfg, "algorithm.name") == "sft":  # one row per example
+    elif trainer_kind(cfg) == "sft":  # one row per example
         n = 1
     dps = {layout.role: layout.dp for layout in layouts}
     train = []
@@ -310,8 +312,8 @@ def batch_plan(cfg: DictConfig, roles: Sequence[str], layouts: Sequence[Layout])
 
 def preference(cfg: DictConfig) -> Optional[str]:
     """algorithm.name when it is a preference algorithm (dpo, online_dpo), else None."""
-    name = value(cfg, "algorithm.name")
-    return name if name in PREFERENCE_ALGORITHMS else None
+    kind = trainer_kind(cfg)
+    return kind if kind in PREFERENCE_ALGORITHMS else None
 
 
 def _role_plan(cfg: DictConfig, layout: Layout, batch: Optional[BatchPlan]) -> RolePlan:
@@ -358,7 +360,7 @@ def draft_plan(cfg: Any, total_steps: Optional[int] = None) -> Draft:
         max_staleness=int(value(cfg, "trainer.max_staleness") or 0),
         agent_loop=_agent_loop(value(cfg, "rollout.agent.loop")),
         agent_max_turns=int(value(cfg, "rollout.agent.max_turns") or 1),
-        trainer=preference(cfg) or ("sft" if value(cfg, "algorithm.name") == "sft" else "ppo"),
+        trainer=trainer_kind(cfg),
     )
     plan = dataclasses.replace(plan, **_controller(cfg, plan))
     plan = dataclasses.replace(plan, **_threads(cfg, plan))
@@ -442,7 +444,7 @@ def on_policy_problem(cfg: DictConfig, batch: Optional[BatchPlan]) -> Optional[s
     """Why the actor's old log-probs need a pass of their own; None when its update is on-policy and the
     update's first forward (the policy the samples were scored under) can stand in for them."""
     actor = batch.train_of("actor") if batch is not None else None
-    if preference(cfg) or value(cfg, "algorithm.name") == "sft":
+    if trainer_kind(cfg) != "ppo":
         return None  # the DPO loss compares with the reference only, SFT's with the data: no old policy to keep
     if value(cfg, "actor.recompute_old_log_probs") == "always":
         return "actor.recompute_old_log_probs=always"
@@ -455,12 +457,6 @@ def on_policy_problem(cfg: DictConfig, batch: Optional[BatchPlan]) -> Optional[s
     if lora_rank(cfg, "actor") >= 1 and (value(cfg, "actor.lora.dropout") or 0) > 0:
         return "actor.lora.dropout > 0: the update's forward drops adapter inputs, the old policy's does not"
     return None
-
-
-def make_plan(cfg: Any) -> Tuple[Optional[Plan], List[ConfigProblem]]:
-    """The plan, or None when the placement has errors; the placement problems either way."""
-    draft = draft_plan(cfg)
-    return (None if errors(draft.problems) else draft.plan), list(draft.problems)
 
 
 def build_plan(cfg: Any, total_steps: Optional[int] = None) -> Plan:

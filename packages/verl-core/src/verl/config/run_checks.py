@@ -14,7 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from verl.config.checks import error_at, warning_at
 from verl.config.errors import ConfigProblem
-from verl.config.placement import value
+from verl.config.placement import trainer_kind, value
 
 # Any one of these in a folder is a tokenizer transformers' AutoTokenizer can load.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -126,8 +126,8 @@ def check_run(cfg: Any, roles: Sequence[str], strict: bool = True, reward_given:
     """Every problem with the files `cfg` names, and a missing reward unless `reward_given` (a function passed
     from Python); errors when `strict`, else warnings."""
     problems = []
-    name = value(cfg, "algorithm.name")
-    offline_dpo, sft = name == "dpo", name == "sft"
+    kind = trainer_kind(cfg)
+    offline_dpo, sft = kind == "dpo", kind == "sft"
     # (offline DPO scores nothing while it trains: a reward only measures its held-out prompts; SFT none at all)
     needs_reward = not sft and (not offline_dpo or bool(_list(value(cfg, "data.val_files"))))
     sources = [value(cfg, f"reward.{k}") for k in ("fn", "model", "server")]

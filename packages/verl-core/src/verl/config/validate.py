@@ -487,9 +487,7 @@ def check_log_prob_batches(ctx: Context) -> List[ConfigProblem]:
 def check_token_budgets(ctx: Context) -> List[ConfigProblem]:
     """A token budget holds at least one whole row."""
     cfg, problems = ctx.cfg, []
-    row = (value(cfg, "data.max_prompt_length") or 0) + (
-        value(cfg, "rollout.max_new_tokens") or value(cfg, "data.max_response_length") or 0
-    )
+    row = (ctx.draft.plan.prompt_length or 0) + (ctx.draft.plan.response_length or 0)  # (as the plan resolves them)
     roles = {r.name for r in ctx.draft.plan.role_plans}
     keys = [(role, key) for role, key in PASS_TOKEN_KEYS.items()]
     keys += [(role, key) for role, key in TRAIN_TOKEN_KEYS.items() if key not in PASS_TOKEN_KEYS.values()]

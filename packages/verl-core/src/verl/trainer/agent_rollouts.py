@@ -77,11 +77,12 @@ class AgentRollouts:
         *,
         response_length: int,
         max_prompt_length: int,
+        max_turns: int,
         dp: int,
         eos_ids: List[int],
         pad_id: int,
     ):
-        self.runner = AgentRunner(agent, tokenizer, response_length, max_prompt_length)
+        self.runner = AgentRunner(agent, tokenizer, response_length, max_prompt_length, max_turns)
         self.response_length, self.dp, self.eos_ids, self.pad_id = response_length, dp, eos_ids, pad_id
 
     def sample(

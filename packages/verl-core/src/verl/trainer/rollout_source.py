@@ -365,6 +365,7 @@ def make_agents(cfg: Any, plan: Plan, tokenizer: Any) -> Optional[AgentRollouts]
         tokenizer,
         response_length=plan.response_length,
         max_prompt_length=plan.prompt_length,
+        max_turns=plan.agent_max_turns,
         dp=plan.layout("rollout").dp,
         eos_ids=eos_ids,
         pad_id=pad_id,
