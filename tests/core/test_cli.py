@@ -11,7 +11,7 @@ import pytest
 
 from verl import backends, cli
 from verl.backends import BackendSpec
-from verl.config import validate as validate_module
+from verl.config import layout_checks
 
 INSTALLED = {
     "fsdp": BackendSpec("fsdp", "train", "verl-fsdp"),
@@ -37,7 +37,7 @@ def fixed_environment(monkeypatch):
     # The CLI asks the environment; these tests fix its answers so they hold on any machine and path.
     monkeypatch.setattr(backends, "installed_backends", lambda: INSTALLED)
     monkeypatch.setattr(cli, "installed_backends", lambda: INSTALLED)
-    monkeypatch.setattr(validate_module, "_cuda_available", lambda: False)
+    monkeypatch.setattr(layout_checks, "_cuda_available", lambda: False)
 
 
 def recipe(tmp_path: Path, text: str = RECIPE) -> str:

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from tests.support.fixtures import make_cfg
 from verl.backends import BackendSpec
-from verl.config import validate as validate_module
+from verl.config import layout_checks
 from verl.config.schema import VerlConfig
 from verl.config.validate import validate, validate_and_plan
 
@@ -44,7 +44,7 @@ def only(problems, severity="error"):
 @pytest.fixture(autouse=True)
 def no_cuda(monkeypatch):
     # Deterministic on GPU and CPU machines alike; tests that need CUDA present patch it back.
-    monkeypatch.setattr(validate_module, "_cuda_available", lambda: False)
+    monkeypatch.setattr(layout_checks, "_cuda_available", lambda: False)
 
 
 def test_base_config_is_clean():
@@ -178,7 +178,7 @@ def test_cuda_missing_is_an_error_only_when_strict(monkeypatch):
     p = only(check({"placement": {"device": "cuda"}}))
     assert p.key == "placement.device" and "placement.device=cpu" in p.fix
     assert check({"placement": {"device": "cuda"}}, strict=False) == []
-    monkeypatch.setattr(validate_module, "_cuda_available", lambda: True)
+    monkeypatch.setattr(layout_checks, "_cuda_available", lambda: True)
     assert check({"placement": {"device": "cuda"}}) == []
 
 

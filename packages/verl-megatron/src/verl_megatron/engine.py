@@ -10,9 +10,7 @@ Weights enter from HF safetensors and leave as HF tensors (streamed one at a tim
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -506,88 +504,22 @@ class MegatronEngine:
         return self.last_sync.received_bytes
 
     # ---- checkpoints --------------------------------------------------------------------------------------
-    def _sharded_state(self, loading: bool) -> Dict[str, Any]:
-        # Fully reshardable: a run may resume (or export) with a different TP / PP / DP layout.
-        meta = {"distrib_optim_sharding_type": "fully_reshardable"}
-        state: Dict[str, Any] = {
-            f"model{i}": unwrap(c).sharded_state_dict(metadata=meta) for i, c in enumerate(self.chunks)
-        }
-        if self.optimizer is not None:  # matched to the model's sharded tensors by parameter
-            state["optimizer"] = self.optimizer.sharded_state_dict(state, is_loading=loading, metadata=meta)
-        return state
-
     def save_checkpoint(self, path: str) -> None:
-        from verl_megatron import checkpoint
+        from verl_megatron.engine_checkpoint import save_engine
 
-        os.makedirs(path, exist_ok=True)
-        self._resident()
-        dist.barrier()
-        with self.optim_away.back():
-            checkpoint.save(self._sharded_state(loading=False), path)
-        parts.save_extra(path, self.state)
-        if dist.get_rank() == 0:
-            self._write_meta(path)
-        dist.barrier()
-
-    def _write_meta(self, path: str) -> None:
-        """What `verl export` needs to turn this checkpoint into an HF folder without the training job."""
-        from verl.utils.hf_files import copy_tokenizer_files
-
-        hf_dir = os.path.join(path, "hf_config")
-        os.makedirs(hf_dir, exist_ok=True)
-        self.hf_config.save_pretrained(hf_dir)
-        copy_tokenizer_files(self.cfg.tokenizer_path or self.cfg.model_path, hf_dir)
-        with open(parts.meta_file(path, "megatron"), "w") as f:
-            dtype = str(self.dtype).removeprefix("torch.")
-            json.dump({"backend": "megatron", "kind": self.cfg.kind, "dtype": dtype, "format": "megatron-dist"}, f)
+        save_engine(self, path)
 
     def load_checkpoint(self, path: str, *, model_only: bool = False) -> None:
         """Restore a checkpoint of this engine (saved at any TP/PP); model_only: weights alone (export)."""
-        self._resident()
-        with self.optim_away.back():
-            self._load(path, model_only)
+        from verl_megatron.engine_checkpoint import load_engine
 
-    def _load(self, path: str, model_only: bool) -> None:
-        from verl_megatron import checkpoint
-
-        if self.optimizer is not None and not model_only:
-            # A fresh optimizer has no state to load into (megatron reads its step count from it): take one
-            # step with zero gradients, as megatron itself does before loading; the load overwrites it all.
-            for inner in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-                if not inner.optimizer.state:
-                    inner._init_optimizer_states_with_dummy_values()
-        state = self._sharded_state(loading=True)
-        if model_only:
-            state.pop("optimizer", None)
-        state = checkpoint.load(state, path)
-        for i, c in enumerate(self.chunks):
-            unwrap(c).load_state_dict(state[f"model{i}"])
-        if model_only:
-            return
-        if self.optimizer is not None:
-            self.optimizer.load_state_dict(state["optimizer"])
-        parts.load_extra(path, self.state)
+        load_engine(self, path, model_only=model_only)
 
     def export_hf(self, path: str) -> None:
         """Rank 0 writes safetensors + config + tokenizer (and generation config) to `path`; collective."""
-        from verl_megatron.export import write_hf_folder
+        from verl_megatron.engine_checkpoint import export_engine
 
-        stream = self.weights()
-
-        def write() -> None:
-            write_hf_folder(
-                stream,
-                path,
-                self.hf_config,
-                kind=self.cfg.kind,
-                tokenizer_from=self.cfg.tokenizer_path or self.cfg.model_path,
-            )
-
-        def take_part() -> None:
-            for _ in stream:  # every rank takes part in the gathers
-                pass
-
-        parts.export_then_barrier(write, others=take_part)
+        export_engine(self, path)
 
 
 def _kind(rows: Rows) -> str:

@@ -1,0 +1,309 @@
+"""Checks of a config's layout: pools and the hybrid engine, the controller and CUDA, and each role's parallel
+layout as its backend can run it (FSDP, megatron's TP/PP/VPP/CP/SP/EP, the rollout's TP, offload, attention)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from verl.config.checks import Context, error_at, warning_at
+from verl.config.errors import ConfigProblem
+from verl.config.placement import TRAIN_ROLES, ref_inherits_parallel, role_backend, role_parallel, value
+from verl.config.placement import estimator_inputs as _estimator_inputs
+from verl.config.plan import lora_rank
+
+
+def _train_parallels(ctx: Context) -> List[Tuple[str, Optional[str], Dict[str, Any]]]:
+    """(role, backend, parallel sizes) of the enabled training roles with their own settings (a ref that
+    inherits everything repeats the actor's problems)."""
+    cfg = ctx.cfg
+    return [
+        (r, role_backend(cfg, r), role_parallel(cfg, r))
+        for r in TRAIN_ROLES
+        if r in ctx.draft.roles
+        and not (r == "ref" and value(cfg, "ref.backend") is None and ref_inherits_parallel(cfg))
+    ]
+
+
+def check_placement(ctx: Context) -> List[ConfigProblem]:
+    """Pools, their devices and the roles in them (computed by verl.config.placement)."""
+    return list(ctx.draft.problems)
+
+
+def check_hybrid_engine(ctx: Context) -> List[ConfigProblem]:
+    """The actor and its reference share one pool (the reference computes on the actor's slice of each batch).
+    The rollout shares it too (the hybrid engine) or has a pool of its own (disaggregated), which needs Ray
+    workers, a rollout that receives full weights, and lets generation overlap training (trainer.mode)."""
+    pools = dict(ctx.draft.role_pool)
+    problems = []
+    if "ref" in pools and "actor" in pools and pools["ref"] != pools["actor"]:
+        problems.append(
+            error_at(
+                "placement.pools",
+                f"the reference must share the actor's pool; got actor in '{pools['actor']}', ref in '{pools['ref']}'",
+                "list ref in the actor's placement.pools entry",
+            )
+        )
+    apart = "rollout" in pools and "actor" in pools and pools["rollout"] != pools["actor"]
+    mode = value(ctx.cfg, "trainer.mode")
+    if apart and value(ctx.cfg, "trainer.controller") == "local":
+        problems.append(
+            error_at(
+                "trainer.controller",
+                f"the rollout has a pool of its own ('{pools['rollout']}'), whose workers run beside the actor's as "
+                "Ray actors; the local controller runs every worker in this one process",
+                "set trainer.controller=auto (or ray), or list rollout in the actor's pool",
+            )
+        )
+    if apart and value(ctx.cfg, "rollout.lora_sync") == "adapter" and lora_rank(ctx.cfg, "actor") >= 1:
+        problems.append(
+            error_at(
+                "rollout.lora_sync",
+                "adapter: a rollout on a pool of its own receives full (merged) weights over the transfer group",
+                "set rollout.lora_sync=merged, or list rollout in the actor's pool",
+            )
+        )
+    if mode in OVERLAP_MODES and not apart and "rollout" in pools:
+        problems.append(
+            error_at(
+                "trainer.mode",
+                f"{mode} generates the next batch while the actor trains, which needs the rollout on devices of its "
+                f"own; here it shares pool '{pools['rollout']}' with the actor",
+                "give the rollout a pool of its own, e.g. placement.pools=[{name: train, roles: [actor], devices: 1}, "
+                "{name: gen, roles: [rollout]}] with placement.devices_per_node=2, or set trainer.mode=sync",
+            )
+        )
+    if mode == "async":
+        problems += _async_problems(ctx)
+    elif value(ctx.cfg, "rollout.on_replica_failure") == "continue":
+        problems.append(
+            error_at(
+                "rollout.on_replica_failure",
+                f"continue drops a failed replica of the rollout service, which trainer.mode={mode} does not run "
+                "(a failed rollout rank stops it, named)",
+                "set trainer.mode=async, or rollout.on_replica_failure=stop",
+            )
+        )
+    if mode in OVERLAP_MODES and apart and value(ctx.cfg, "actor.tis_imp_ratio_cap") is None:
+        problems.append(
+            warning_at(
+                "actor.tis_imp_ratio_cap",
+                f"{mode} trains on samples of an older policy than the actor's, uncorrected",
+                "set actor.tis_imp_ratio_cap=2.0: each token weighted by min(pi_old / pi_rollout, 2), the decoupled "
+                "PPO objective (recipes/grpo_tiny_async.yaml: +45.0 points with it, +17.5 without, at staleness 2)",
+            )
+        )
+    return problems
+
+
+def _async_problems(ctx: Context) -> List[ConfigProblem]:
+    """What the rollout service does not serve yet."""
+    cfg, problems = ctx.cfg, []
+    tp = value(cfg, "rollout.parallel.tp") or 1
+    if tp > 1:
+        problems.append(
+            error_at(
+                "rollout.parallel.tp",
+                f"trainer.mode=async serves requests on tp=1 replicas; got tp={tp}",
+                "set rollout.parallel.tp=1 (each rollout rank a replica), or trainer.mode=one_step_off",
+            )
+        )
+    if value(cfg, "algorithm.filter_groups.enable"):
+        problems.append(
+            error_at(
+                "algorithm.filter_groups.enable",
+                "dynamic sampling generates extra batches on demand; trainer.mode=async generates ahead",
+                "set trainer.mode=one_step_off, or algorithm.filter_groups.enable=false",
+            )
+        )
+    if "reward_baselines" in _estimator_inputs(cfg):
+        problems.append(
+            error_at(
+                "algorithm.adv_estimator",
+                f"{value(cfg, 'algorithm.adv_estimator')} needs a greedy baseline per prompt, which "
+                "trainer.mode=async does not generate",
+                "set trainer.mode=one_step_off, or another estimator (grpo, rloo)",
+            )
+        )
+    return problems
+
+
+OVERLAP_MODES = ("one_step_off", "async")  # trainer.mode values where generation runs beside training
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def check_cuda_here(ctx: Context) -> List[ConfigProblem]:
+    # Only when strict: planning a GPU run from a laptop is fine.
+    if not ctx.strict or value(ctx.cfg, "placement.device") != "cuda" or _cuda_available():
+        return []
+    return [
+        error_at(
+            "placement.device",
+            "placement.device=cuda but CUDA is not available here (torch.cuda.is_available() is False)",
+            "set placement.device=cpu, or run on a GPU node",
+        )
+    ]
+
+
+def check_controller(ctx: Context) -> List[ConfigProblem]:
+    nnodes = value(ctx.cfg, "placement.nnodes")
+    if value(ctx.cfg, "trainer.controller") != "local" or not isinstance(nnodes, int) or nnodes <= 1:
+        return []
+    return [
+        error_at(
+            "trainer.controller",
+            f"the local controller runs workers in this process and cannot span placement.nnodes={nnodes} nodes",
+            "set trainer.controller=ray, or placement.nnodes=1",
+        )
+    ]
+
+
+def _not_one(parallel: Dict[str, Any], axes: Sequence[str]) -> List[str]:
+    return [a for a in axes if (parallel.get(a) or 1) != 1]
+
+
+def check_fsdp_layout(ctx: Context) -> List[ConfigProblem]:
+    """FSDP shards over data parallel ranks only."""
+    return [
+        error_at(
+            f"{role}.parallel.{axis}",
+            f"backend fsdp is data parallel only; {axis}={parallel[axis]} is not supported",
+            f"set {role}.backend=megatron for {axis} > 1, or {role}.parallel.{axis}=1",
+        )
+        for role, backend, parallel in _train_parallels(ctx)
+        if backend == "fsdp"
+        for axis in _not_one(parallel, ("tp", "pp", "cp"))  # ep: check_expert_parallel
+    ]
+
+
+def check_attention(ctx: Context) -> List[ConfigProblem]:
+    """flash-attention kernels run on CUDA only."""
+    attn = value(ctx.cfg, "model.attn_implementation")
+    if isinstance(attn, str) and attn.startswith("flash_attention") and ctx.draft.plan.device == "cpu":
+        return [
+            error_at(
+                "model.attn_implementation",
+                f"{attn} runs on CUDA devices only; this run's placement.device is cpu",
+                "set model.attn_implementation=sdpa (packed rows take its 4D mask), or place the run on GPUs",
+            )
+        ]
+    return []
+
+
+OFFLOAD_KEYS = (
+    "actor.param_offload",
+    "actor.optimizer_offload",
+    "ref.param_offload",
+    "critic.param_offload",
+    "critic.optimizer_offload",
+)
+
+
+def check_offload(ctx: Context) -> List[ConfigProblem]:
+    """Offload frees device memory; a CPU run has none to free (it works, copying within host memory)."""
+    if ctx.draft.plan.device != "cpu":
+        return []
+    return [
+        warning_at(
+            key,
+            "offload moves tensors from the device to host memory; on a CPU run it only copies them within host "
+            "memory each step",
+            f"set {key}=false on CPU (keep it for GPU runs)",
+        )
+        for key in OFFLOAD_KEYS
+        if key.split(".")[0] in ctx.draft.roles and value(ctx.cfg, key)
+    ]
+
+
+def check_rollout_layout(ctx: Context) -> List[ConfigProblem]:
+    """A rollout engine splits over tp (and the derived dp) only."""
+    parallel = role_parallel(ctx.cfg, "rollout")
+    problems = [
+        error_at(
+            f"rollout.parallel.{axis}",
+            f"rollouts support tensor parallelism only; {axis}={parallel[axis]} is not supported",
+            f"set rollout.parallel.{axis}=1 (use rollout.parallel.tp to split the model)",
+        )
+        for axis in _not_one(parallel, ("pp", "cp", "ep"))
+    ]
+    if parallel.get("vpp") is not None:
+        problems.append(
+            error_at(
+                "rollout.parallel.vpp",
+                f"rollouts have no pipeline stages; vpp={parallel['vpp']}",
+                "set rollout.parallel.vpp=null",
+            )
+        )
+    if ctx.cfg.rollout.backend == "sglang":
+        if (parallel.get("tp") or 1) != 1:
+            problems.append(
+                error_at(
+                    "rollout.parallel.tp",
+                    f"the sglang rollout generates with tp=1 only in this version; got tp={parallel['tp']}",
+                    "set rollout.parallel.tp=1, or use rollout.backend=vllm for tensor-parallel generation",
+                )
+            )
+        if ctx.cfg.placement.device != "cuda":
+            problems.append(
+                error_at(
+                    "rollout.backend",
+                    "the sglang rollout runs on CUDA GPUs only",
+                    "set placement.device=cuda, or use rollout.backend=vllm (it has a CPU build) or hf",
+                )
+            )
+    return problems
+
+
+def check_virtual_pipeline(ctx: Context) -> List[ConfigProblem]:
+    return [
+        error_at(
+            f"{role}.parallel.vpp",
+            f"vpp={parallel['vpp']} needs pipeline parallelism, but {role}.parallel.pp={parallel.get('pp') or 1}",
+            f"set {role}.parallel.pp to 2 or more, or {role}.parallel.vpp=null",
+        )
+        for role, _, parallel in _train_parallels(ctx)
+        if parallel.get("vpp") is not None and (parallel.get("pp") or 1) <= 1
+    ]
+
+
+def check_sequence_parallel(ctx: Context) -> List[ConfigProblem]:
+    """Sequence parallelism is megatron's, and splits sequences over tensor-parallel ranks."""
+    problems = []
+    rollout = ("rollout", role_backend(ctx.cfg, "rollout"), role_parallel(ctx.cfg, "rollout"))
+    for role, backend, parallel in [*_train_parallels(ctx), rollout]:
+        if not parallel.get("sequence_parallel"):
+            continue
+        key = f"{role}.parallel.sequence_parallel"
+        if role == "rollout" or backend != "megatron":
+            problems.append(
+                error_at(key, f"sequence parallelism is a megatron setting; {role} uses {backend}", f"remove {key}")
+            )
+        elif (parallel.get("tp") or 1) == 1:
+            problems.append(
+                error_at(
+                    key,
+                    "sequence parallelism splits sequences over tensor-parallel ranks, but tp=1",
+                    f"set {role}.parallel.tp to 2 or more, or {key}=null",
+                )
+            )
+    return problems
+
+
+def check_expert_parallel(ctx: Context) -> List[ConfigProblem]:
+    """Expert parallelism splits mixture-of-experts layers; the megatron backend converts dense models only."""
+    return [
+        error_at(
+            f"{role}.parallel.ep",
+            f"ep={parallel['ep']}: expert parallelism splits mixture-of-experts layers, and the megatron backend "
+            "converts dense models (Llama, Qwen2, Qwen3) only, which have none",
+            f"set {role}.parallel.ep=1",
+        )
+        for role, _, parallel in _train_parallels(ctx)
+        if (parallel.get("ep") or 1) > 1
+    ]
