@@ -54,10 +54,10 @@ def test_a_run_trains_on_scores_posted_by_a_separate_client(tmp_path):
 
 
 def test_online_dpo_trains_on_the_pairs_a_separate_client_prefers(tmp_path):
-    from verl.trainer.dpo import DPOTrainer
+    from verl.trainer.dpo import OnlineDPOTrainer
 
-    class RecordingTrainer(DPOTrainer):
-        """DPOTrainer, keeping the (uid, chosen text, rejected text) of each pair it updates on."""
+    class RecordingTrainer(OnlineDPOTrainer):
+        """OnlineDPOTrainer, keeping the (uid, chosen text, rejected text) of each pair it updates on."""
 
         pairs: list = []
 

@@ -346,7 +346,7 @@ def test_group_argument_errors(pool):
         ray_group(pool, EchoWorker, role="x", resource_fraction=1.5)
     with pytest.raises(ValueError, match="env may not set RANK"):
         ray_group(pool, EchoWorker, role="x", env={"RANK": "3"})
-    with pytest.raises(ValueError, match="unknown controller mode 'slurm'; choose one of ray, local"):
+    with pytest.raises(ValueError, match="unknown controller mode 'slurm'; choose one of local, ray"):
         make_worker_group("slurm", pool, EchoWorker, role="x")
 
 

@@ -82,3 +82,17 @@ def test_dpo_and_sft_extend_the_base_not_ppo():
 def test_ppo_holds_its_stages_only():
     lines = len((TRAINER_DIR / "ppo.py").read_text().splitlines())
     assert lines <= 350, f"trainer/ppo.py has {lines} lines: move what is not a PPO stage out of it"
+
+
+def test_a_trainer_refuses_a_run_of_another_kind():
+    from verl.config.errors import ConfigError
+    from verl.trainer.base import check_trainer_class
+    from verl.trainer.registry import trainer_class
+
+    plans = {kind: type("P", (), {"trainer": kind})() for kind in ("ppo", "dpo", "online_dpo", "sft")}
+    assert trainer_class(plans["online_dpo"]) is OnlineDPOTrainer
+    check_trainer_class(OnlineDPOTrainer, plans["online_dpo"])
+    check_trainer_class(type("Mine", (PPOTrainer,), {}), plans["ppo"])  # a user's subclass
+    for cls, kind in ((DPOTrainer, "online_dpo"), (OnlineDPOTrainer, "dpo"), (PPOTrainer, "sft")):
+        with pytest.raises(ConfigError, match=f"does not train algorithm.name={kind}"):
+            check_trainer_class(cls, plans[kind])

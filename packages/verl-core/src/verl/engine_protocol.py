@@ -113,15 +113,17 @@ class TrainEngine(Protocol):
     (megatron) may also offer `weights(gen_tp=g)`: this rank's shard for a rollout with tensor parallelism g.
     """
 
-    model: Any
-    """The model as the engine trains it: one Hugging Face module (fsdp; what `gathered` unshards), or the
-    backend's own form (megatron's model chunks)."""
+    @property
+    def model(self) -> Any:
+        """The model as the engine trains it: one Hugging Face module (fsdp; what `gathered` unshards), or the
+        backend's own form (megatron's model chunks)."""
 
     # ---- optional capabilities: every engine declares them, None / 0 where it has none (no hasattr probing)
-    gathered: Optional[Callable[[], ContextManager[torch.nn.Module]]]
-    """A context that holds the engine's `model` (one Hugging Face module in this process) unsharded while it is
-    entered: a colocated hf rollout generates on it in place (FSDP). None where the model is not one HF module
-    (megatron's chunks); the rollout then keeps its own copy and takes `weights()`."""
+    @property
+    def gathered(self) -> Optional[Callable[[], ContextManager[torch.nn.Module]]]:
+        """A context that holds the engine's `model` (one Hugging Face module in this process) unsharded while it is
+        entered: a colocated hf rollout generates on it in place (FSDP). None where the model is not one HF module
+        (megatron's chunks); the rollout then keeps its own copy and takes `weights()`."""
 
     def sync_received_bytes(self) -> int:
         """Bytes that reached this rank from other ranks while the last `weights()` pass assembled full tensors
@@ -194,16 +196,23 @@ class RolloutEngine(Protocol):
     def update_weights(self, weights: Weights) -> int:
         """Load new weights in place; returns the bytes received (0 when the weights are shared)."""
 
-    def load_adapter(self, config: Dict[str, Any], weights: Weights) -> int:
-        """Serve the actor's LoRA adapters (peft format) on the base weights it holds, replacing the last ones;
-        returns the bytes received. Only engines with LoRA support (rollout.lora_sync: adapter) implement it."""
-
     def sleep(self) -> None: ...
 
     def wake(self) -> None: ...
 
-    # Optional: an engine with a scheduler of its own (vllm) offers request-level stepping, and the rollout
-    # service then lets it batch continuously instead of calling `generate` in turns (verl.workers.rollout_server).
+
+class AdapterRolloutEngine(RolloutEngine, Protocol):
+    """A rollout engine with LoRA support (vllm): rollout.lora_sync=adapter sends it the adapters alone."""
+
+    def load_adapter(self, config: Dict[str, Any], weights: Weights) -> int:
+        """Serve the actor's LoRA adapters (peft format) on the base weights it holds, replacing the last ones;
+        returns the bytes received."""
+
+
+class SteppedRolloutEngine(RolloutEngine, Protocol):
+    """A rollout engine with a scheduler of its own (vllm): it offers request-level stepping, and the rollout
+    service then lets it batch continuously instead of calling `generate` in turns (verl.workers.rollout_server)."""
+
     def add_request(self, request_id: str, prompt: List[int], *, temperature: float, max_tokens: int) -> None:
         """Start generating for one request (token ids, no padding); its tokens come from `step_requests`."""
 
@@ -215,7 +224,7 @@ class RolloutEngine(Protocol):
         """Stop generating for these requests (unknown or finished ones are ignored)."""
 
 
-def load_engine(backend: str, kind: str) -> type:
+def load_engine(backend: str, kind: str) -> Any:
     """The engine class of an installed backend (e.g. ("fsdp", "train")), with an install hint if absent."""
     spec: BackendSpec | None = installed_backends().get(backend)
     if spec is None or spec.kind != kind:

@@ -18,10 +18,11 @@ available on it and ``DataProto.concat([dp[0], dp[1]])`` works.
 
 from __future__ import annotations
 
+import builtins
 import io
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence, Union
+from typing import Any, Iterable, Mapping, Sequence, Union
 
 import numpy as np
 import torch
@@ -62,20 +63,20 @@ class DataProto:
     def from_dict(
         cls,
         tensors: dict[str, torch.Tensor] | None = None,
-        non_tensors: dict[str, np.ndarray | Sequence[Any]] | None = None,
+        non_tensors: Mapping[str, np.ndarray | Sequence[Any]] | None = None,
         meta_info: dict[str, Any] | None = None,
     ) -> DataProto:
         """Build a DataProto; lists/tuples in ``non_tensors`` become 1-D object arrays."""
         tensors = dict(tensors or {})
-        non_tensors = {k: _as_row_array(k, v) for k, v in (non_tensors or {}).items()}
+        arrays = {k: _as_row_array(k, v) for k, v in (non_tensors or {}).items()}
         for key, value in tensors.items():
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"tensor {key!r} must be a torch.Tensor, got {type(value).__name__}")
             if value.dim() == 0:
                 raise ValueError(f"tensor {key!r} is 0-dimensional; it needs a leading batch dimension")
         # Check before building the TensorDict so the error names the key and both lengths.
-        _check_lengths(tensors, non_tensors)
-        return cls(batch=_make_batch(tensors), non_tensor_batch=non_tensors, meta_info=meta_info)
+        _check_lengths(tensors, arrays)
+        return cls(batch=_make_batch(tensors), non_tensor_batch=arrays, meta_info=meta_info)
 
     def __len__(self) -> int:
         if self.batch is not None:
@@ -252,7 +253,7 @@ class DataProto:
     def _device(self) -> torch.device | None:
         return self.batch.device if self.batch is not None else None
 
-    def _take(self, rows: slice | np.ndarray) -> DataProto:
+    def _take(self, rows: builtins.slice | np.ndarray) -> DataProto:
         """Rows by a positive-step slice (views) or a 1-D int64 array (gather); meta_info is shallow-copied."""
         batch = None
         if self.batch is not None:

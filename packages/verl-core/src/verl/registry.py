@@ -165,13 +165,15 @@ class Registry:
         )
 
     def _from_target(self, spec: Mapping, key: str) -> Callable[..., Any]:
-        from omegaconf import DictConfig, OmegaConf
+        from omegaconf import DictConfig
 
         from verl.config.errors import ConfigError, ConfigProblem
         from verl.config.instantiate import instantiate, resolve_target  # lazy: keeps this module light
 
         if isinstance(spec, DictConfig):  # user code gets plain values
-            spec = OmegaConf.to_container(spec, resolve=True)
+            from verl.config.placement import to_dict
+
+            spec = to_dict(spec)
         if "_target_" not in spec:
             where = f"{key}: " if key else ""
             raise ValueError(

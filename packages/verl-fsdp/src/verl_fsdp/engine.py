@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import json
 import os
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple, cast
 
 import torch
 import torch.distributed as dist
@@ -30,7 +30,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from verl import engine_skeleton as parts
-from verl.engine_protocol import EngineConfig, LossFn, Metrics
+from verl.engine_protocol import EngineConfig, LossFn, Metrics, TrainEngine
 from verl.protocol import DataProto
 from verl.utils.hf_files import copy_tokenizer_files
 from verl.utils.logprob import entropy_from_logits, logprobs_from_logits
@@ -141,7 +141,7 @@ class FSDPEngine:
 
             log_probs, ent = linear_logprob_entropy(
                 hidden,
-                head.weight,
+                cast(torch.Tensor, head.weight),
                 labels,
                 temperature=temperature,
                 impl=self.cfg.fused_kernel_impl,
@@ -232,8 +232,8 @@ class FSDPEngine:
                 self.state,
                 self.optimizer,
                 self.cfg,
-                grad_norm=lambda: _full(
-                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+                grad_norm=lambda: float(
+                    _full(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip))
                 ),
                 update=lambda _: self.optimizer.step(),
             )
@@ -357,3 +357,7 @@ class FSDPEngine:
                 self.model.save_pretrained(os.path.join(path, LORA_ADAPTER_DIR), state_dict=full)
 
         parts.export_then_barrier(write)
+
+
+def _conforms(engine: FSDPEngine) -> TrainEngine:  # (the type checker holds the engine to its protocol)
+    return engine

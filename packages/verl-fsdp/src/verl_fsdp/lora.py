@@ -7,7 +7,7 @@ alone as a peft folder holds them (what a rollout that loads adapters takes).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, Tuple
+from typing import Any, Callable, Dict, Iterator, Tuple, cast
 
 import torch
 
@@ -79,7 +79,7 @@ def adapter_state(
     under peft's saved names (`base_model.model.<module>.lora_A.weight`); what an adapter-loading rollout takes."""
     from peft import get_peft_model_state_dict  # pants: no-infer-dep
 
-    config = model.peft_config[ADAPTER].to_dict()
+    config = cast(Any, model).peft_config[ADAPTER].to_dict()
     config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}  # JSON has no sets
     state = get_peft_model_state_dict(model, adapter_name=ADAPTER)
     return config, ((name, full(t.detach())) for name, t in state.items())

@@ -11,13 +11,13 @@ Weights enter from HF safetensors and leave as HF tensors (streamed one at a tim
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
 from verl import engine_skeleton as parts
-from verl.engine_protocol import EngineConfig, LossFn, Metrics
+from verl.engine_protocol import EngineConfig, LossFn, Metrics, TrainEngine
 from verl.protocol import DataProto
 from verl.utils.offload import Away, empty_device_cache, optimizer_state_tensors
 from verl.utils.shared_prefix import attention_weight_of, pack_shared_prefixes
@@ -34,7 +34,13 @@ logger = logging.getLogger(__name__)
 class MegatronEngine:
     """verl.engine_protocol.TrainEngine on megatron-core: this rank's chunks of the role's model, its optimizer shard."""
 
-    gathered = None  # no in-place generation: the chunks are not one Hugging Face module
+    # no in-place generation: the chunks are not one Hugging Face module
+    gathered: Optional[Callable[[], ContextManager[torch.nn.Module]]] = None
+
+    @property
+    def model(self) -> Sequence[torch.nn.Module]:
+        """The model as this engine trains it: its megatron chunks (one per virtual pipeline stage)."""
+        return self.chunks
 
     def __init__(self, cfg: EngineConfig, *, weights_from: str = "hf"):
         """weights_from: "hf" loads cfg.model_path's safetensors; "checkpoint" leaves the weights for
@@ -93,8 +99,8 @@ class MegatronEngine:
         self.state = parts.TrainState()
         if cfg.optim is not None:
             torch_adam_fix.apply()
-            chunks = self._wrap_ddp(chunks)
-            self.optimizer = self._build_optimizer(chunks)
+            chunks = self._wrap_ddp(chunks)  # type: ignore[arg-type,assignment]  # (GPT chunks are modules)
+            self.optimizer = self._build_optimizer(chunks)  # type: ignore[arg-type]
         self.chunks = chunks
         # Host memory between phases (verl.utils.offload): parameters are views of DDP's contiguous buffer, which
         # stays valid; the gradient buffer is zeroed before every step, so its content is not kept.
@@ -537,3 +543,7 @@ def _zero_past(outputs: Dict[str, torch.Tensor], mb: Dict[str, Any]) -> Dict[str
 def _positions(attention_mask: torch.Tensor) -> torch.Tensor:
     """Hugging Face's position ids of left-padded rows: 0 at each row's first real token."""
     return (attention_mask.long().cumsum(1) - 1).clamp(min=0)
+
+
+def _conforms(engine: MegatronEngine) -> TrainEngine:  # (the type checker holds the engine to its protocol)
+    return engine

@@ -12,7 +12,7 @@ import copy
 import json
 import os
 import warnings
-from typing import Any, Dict, Iterable, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
@@ -47,7 +47,9 @@ def write_hf_folder(
     from safetensors.torch import save_file
 
     os.makedirs(path, exist_ok=True)
-    shards, current, size = [], {}, 0
+    shards: List[Any] = []
+    current: Dict[str, Any] = {}
+    size = 0
     for name, tensor in weights:
         nbytes = tensor.numel() * tensor.element_size()
         if current and size + nbytes > shard_bytes:

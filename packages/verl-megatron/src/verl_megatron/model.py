@@ -47,7 +47,9 @@ class TorchNorm:
     over the TP group (what apex's and TransformerEngine's norms do; megatron's WrappedTorchNorm refuses the
     setting). Built where and in the dtype megatron builds the layer's other weights."""
 
-    def __new__(cls, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_: Any) -> torch.nn.Module:
+    def __new__(  # type: ignore[misc]  # (a factory: the instance is megatron's norm, not this class's)
+        cls, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_: Any
+    ) -> torch.nn.Module:
         kinds = {"RMSNorm": torch.nn.RMSNorm, "LayerNorm": torch.nn.LayerNorm}
         if config.normalization not in kinds:
             raise ValueError(f"normalization '{config.normalization}' is not one of {', '.join(kinds)}")

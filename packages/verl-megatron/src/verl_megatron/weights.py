@@ -21,7 +21,7 @@ from verl_megatron.parallel import Layout
 Tensor = torch.Tensor
 
 
-def unwrap(module: torch.nn.Module) -> torch.nn.Module:
+def unwrap(module: Any) -> Any:
     """The GPT model inside megatron's DDP (and any Float16Module) wrapper."""
     while hasattr(module, "module"):
         module = module.module
@@ -120,7 +120,7 @@ def generation_groups(layout: Layout, gen_tp: int) -> GenerationGroups:
     return GenerationGroups(gen_tp, m, mine, layout.tp_rank // m, groups)
 
 
-def hf_shapes(hf_config: Any, kind: str) -> Dict[str, Tuple[torch.Size, torch.dtype]]:
+def hf_shapes(hf_config: Any, kind: str) -> Dict[str, torch.Size]:
     """Shape of every HF parameter, from a meta-device instance of the HF model (no memory)."""
     import copy
 

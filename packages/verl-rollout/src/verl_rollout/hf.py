@@ -15,7 +15,7 @@ from typing import Any, Callable, ContextManager, Optional
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from verl.engine_protocol import RolloutSettings, TrainEngine, Weights
+from verl.engine_protocol import RolloutEngine, RolloutSettings, TrainEngine, Weights
 from verl.protocol import DataProto
 from verl.rollout_batch import assemble_rollout
 
@@ -41,7 +41,7 @@ class HFRollout:
         if module is None:
             module = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation="sdpa")
             module.to(self.device)
-        self.module = module
+        self.module: Any = module  # (a transformers model: its generate is not in torch.nn.Module's type)
         self.gather = gather or contextlib.nullcontext
         self._released: Optional[dict] = None  # name -> shape of parameters released by sleep()
 
@@ -170,3 +170,7 @@ class HFRollout:
         for name, p in self.module.named_parameters():
             p.data = torch.empty(self._released[name], dtype=p.dtype, device=p.device)
         self._released = None
+
+
+def _conforms(engine: HFRollout) -> RolloutEngine:  # (the type checker holds the engine to its protocol)
+    return engine

@@ -16,7 +16,7 @@ from typing import Any, Iterator, List, Optional, Tuple
 
 import torch
 
-from verl.engine_protocol import RolloutSettings, Weights
+from verl.engine_protocol import RolloutEngine, RolloutSettings, Weights
 from verl.protocol import DataProto
 from verl.rollout_batch import assemble_rollout, pad_rows, unpadded_prompts
 
@@ -140,3 +140,7 @@ class SGLangRollout:
         if self.weights_released:
             self.engine.resume_memory_occupation(tags=["weights"])
             self.weights_released = False
+
+
+def _conforms(engine: SGLangRollout) -> RolloutEngine:  # (the type checker holds the engine to its protocol)
+    return engine

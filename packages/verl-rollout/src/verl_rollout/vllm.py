@@ -36,7 +36,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from verl.engine_protocol import RolloutSettings, Weights
+from verl.engine_protocol import AdapterRolloutEngine, RolloutEngine, RolloutSettings, SteppedRolloutEngine, Weights
 from verl.protocol import DataProto
 from verl.rollout_batch import assemble_rollout, pad_rows, unpadded_prompts
 
@@ -277,3 +277,9 @@ class VLLMRollout:
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
+
+
+def _conforms(engine: VLLMRollout) -> RolloutEngine:  # (the type checker holds the engine to its protocols)
+    stepped: SteppedRolloutEngine = engine
+    adapters: AdapterRolloutEngine = engine
+    return stepped or adapters

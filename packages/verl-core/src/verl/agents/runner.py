@@ -110,7 +110,7 @@ class AgentRunner:
     ) -> Tuple[List[Trajectory], Dict[str, float]]:
         start = time.perf_counter()
         limit = asyncio.Semaphore(self.cfg.max_in_flight)
-        trajectories: List[Trajectory] = [None] * len(samples)  # type: ignore[list-item]  (filled by the loops)
+        trajectories: List[Trajectory] = [None] * len(samples)  # type: ignore[list-item]  # (the loops fill them)
         endpoint = self.endpoint()  # an external agent program: served over HTTP on loopback
         if endpoint is not None:
             endpoint.start(asyncio.get_running_loop())

@@ -49,7 +49,7 @@ class _GroupStats(NamedTuple):
     score: Tensor  # the sample's token rewards summed
     gid: Tensor  # dense group number
     n_groups: int
-    count: Tensor  # samples in the group
+    size: Tensor  # samples in the group
     mean: Tensor
     std: Tensor  # unbiased (Bessel), 0 for a group of one
     flat: Tensor  # bool: every score in the group is equal (true for a group of one)
@@ -142,7 +142,7 @@ def drgrpo(token_level_rewards: Tensor, response_mask: Tensor, *, index: Any) ->
 def rloo(token_level_rewards: Tensor, response_mask: Tensor, *, index: Any) -> tuple[Tensor, Tensor]:
     """RLOO: A_i = r_i - mean of the other samples of the group = n/(n-1) (r_i - mean_group)."""
     g = _group_stats(token_level_rewards, index)
-    adv = _group_advantages((g.score - g.mean) * g.count / (g.count - 1).clamp_min(1), g, response_mask)
+    adv = _group_advantages((g.score - g.mean) * g.size / (g.size - 1).clamp_min(1), g, response_mask)
     return adv, adv
 
 

@@ -28,15 +28,15 @@ def filter_groups(scores: Tensor | np.ndarray, index: Any, *, keep_singletons: b
     if values.ndim != 1:
         raise ValueError(f"filter_groups takes one score per sample, shape [batch]; got {values.shape}")
     gid, n = group_ids(index, values.shape[0])
-    gid = gid.numpy()
+    gids = gid.numpy()
     hi = np.full(n, -np.inf)
     lo = np.full(n, np.inf)
-    np.maximum.at(hi, gid, values)
-    np.minimum.at(lo, gid, values)
+    np.maximum.at(hi, gids, values)
+    np.minimum.at(lo, gids, values)
     dropped = hi == lo
     if keep_singletons:
-        dropped &= np.bincount(gid, minlength=n) > 1
-    return ~dropped[gid], int(dropped.sum())
+        dropped &= np.bincount(gids, minlength=n) > 1
+    return ~dropped[gids], int(dropped.sum())
 
 
 def overlong_penalty(

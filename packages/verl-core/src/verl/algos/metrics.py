@@ -29,7 +29,7 @@ def token_stats(values: Tensor, mask: Tensor, prefix: str) -> dict[str, float]:
 def _seq_stats(per_seq: Tensor, prefix: str) -> dict[str, float]:
     per_seq = per_seq.to(acc_dtype(per_seq))
     stats = (per_seq.mean(), per_seq.max(), per_seq.min()) if per_seq.numel() else (0.0, 0.0, 0.0)
-    return {f"{prefix}{name}": float(value) for name, value in zip(("mean", "max", "min"), stats)}
+    return {f"{prefix}{name}": float(value) for name, value in zip(("mean", "max", "min"), stats)}  # type: ignore[arg-type]
 
 
 def _log_ratio(old_log_prob: Tensor, log_prob: Tensor) -> Tensor:

@@ -84,7 +84,8 @@ class _RateLimit:
     """A token bucket per client address: `rate` requests a second, bursts up to `rate`."""
 
     def __init__(self, rate: float):
-        self.rate, self.buckets, self.lock = rate, {}, threading.Lock()
+        self.rate, self.lock = rate, threading.Lock()
+        self.buckets: Dict[str, Any] = {}
 
     def allow(self, client: str) -> bool:
         now = time.monotonic()
@@ -143,7 +144,7 @@ class RewardServer:
     @property
     def url(self) -> str:
         host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     # ---- the trainer's side ---------------------------------------------------------------------------
     def submit(self, samples: Sequence[Mapping[str, Any]]) -> List[str]:
@@ -229,7 +230,8 @@ class RewardServer:
         entries = body["scores"]
         if len(entries) > MAX_SCORES_PER_REQUEST:
             raise RequestError(413, f"at most {MAX_SCORES_PER_REQUEST} scores per request, got {len(entries)}")
-        rows, seen = [], set()
+        rows: List[Any] = []
+        seen: set = set()
         with self.lock:
             for k, entry in enumerate(entries):
                 if not isinstance(entry, dict) or set(entry) - {"id", "score"} or not isinstance(entry.get("id"), str):
@@ -262,7 +264,8 @@ class RewardServer:
         entries = body["preferences"]
         if len(entries) > MAX_SCORES_PER_REQUEST:
             raise RequestError(413, f"at most {MAX_SCORES_PER_REQUEST} preferences per request, got {len(entries)}")
-        rows, seen = [], set()
+        rows: List[Any] = []
+        seen: set = set()
         with self.lock:
             for k, entry in enumerate(entries):
                 rows.append(self._checked_preference(k, entry, seen))

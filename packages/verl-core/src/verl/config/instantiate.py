@@ -17,10 +17,11 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from verl.config.errors import ConfigError, ConfigProblem
+from verl.config.placement import to_dict
 
 __all__ = ["instantiate", "resolve_target"]
 
@@ -31,7 +32,7 @@ def instantiate(spec: Mapping | DictConfig, *args: Any, key: str = "", **kwargs:
     """Build the object `spec` describes; `key` (e.g. "reward.fn") is named in every error."""
     if isinstance(spec, (DictConfig, ListConfig)):
         try:
-            spec = OmegaConf.to_container(spec, resolve=True)  # user code gets plain dicts and lists
+            spec = to_dict(spec)  # user code gets plain dicts and lists
         except OmegaConfBaseException as e:
             raise _error(key, f"cannot resolve the spec: {e}", "fix the ${...} interpolation it uses") from None
     if not isinstance(spec, Mapping):
@@ -106,10 +107,10 @@ def _import_longest(dotted: str, key: str) -> tuple[Any, str, list]:
             if e.name is None or not (name == e.name or name.startswith(e.name + ".")):
                 raise _import_error(name, e, key) from e
             first_error = first_error or (name, e)
-        except Exception as e:  # SyntaxError, ImportError or anything raised at import time
+        except Exception as e:  # noqa: B014  # SyntaxError, ImportError or anything raised at import time
             raise _import_error(name, e, key) from e
-    name, e = first_error
-    raise _import_error(name, e, key) from e
+    name, missing = first_error
+    raise _import_error(name, missing, key) from missing
 
 
 def _get_attrs(obj: Any, owner: str, attrs: list, key: str) -> Any:

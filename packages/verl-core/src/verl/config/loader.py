@@ -16,7 +16,7 @@ import functools
 import os
 import typing
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Iterator, List, Tuple
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError, OmegaConfBaseException
@@ -26,7 +26,7 @@ from verl.config.recipe_text import KeyPath, describe, dotted_key, nest, parse_a
 from verl.config.schema import REMOVED_KEYS, VerlConfig, field_types, is_section, strip_optional
 
 Locate = Callable[[KeyPath], str | None]
-Container = DictConfig | ListConfig
+Container = Any  # a DictConfig or ListConfig, walked by str or int keys (its stubs index a ListConfig by int only)
 
 __all__ = ["load_config", "read_config", "parse_overrides", "to_yaml"]
 
@@ -50,7 +50,9 @@ def read_config(
     """
     cfg = OmegaConf.structured(VerlConfig)
     if isinstance(path, DictConfig):  # a recipe given as data: the same checks, without file locations
-        data, locations, problems = OmegaConf.to_container(path, resolve=False), {}, []
+        data: Any = OmegaConf.to_container(path, resolve=False)
+        locations: dict[str, str] = {}
+        problems: list[ConfigProblem] = []
     elif isinstance(path, Mapping):
         data, locations, problems = dict(path), {}, []
     else:
@@ -62,12 +64,17 @@ def read_config(
     for text, key_path, value in parsed:
         where = f"override '{text}'"
         locations[dotted_key(key_path)] = where
-        _apply_section(cfg, VerlConfig, nest(key_path, value), (), lambda _p, w=where: w, problems)
+        _apply_section(cfg, VerlConfig, nest(key_path, value), (), functools.partial(_fixed, where), problems)
     # An unreadable file would make every required key look missing: report only the file.
     if data is not None:
         problems += _missing_problems(cfg, locations, problems)
         problems += _interpolation_problems(cfg, locations)
     return (cfg if data is not None else None), problems
+
+
+def _fixed(where: str, _path: Any) -> str:
+    """A location function that names one place (an override) whatever the key."""
+    return where
 
 
 def parse_overrides(overrides: Sequence[str]) -> tuple[dict, list[ConfigProblem]]:
@@ -273,9 +280,9 @@ def _nearest_location(locations: dict[str, str], path: KeyPath) -> str | None:
     return None
 
 
-def _walk(node: Container, path: KeyPath = ()):
+def _walk(node: Container, path: Tuple[Any, ...] = ()) -> Iterator[Tuple[Any, Any, Tuple[Any, ...]]]:
     """Yield (parent, key, path) for every key, without resolving interpolations or missing values."""
-    keys = list(node.keys()) if isinstance(node, DictConfig) else range(len(node))
+    keys: List[Any] = list(node.keys()) if isinstance(node, DictConfig) else list(range(len(node)))
     for key in keys:
         key_path = path + (key,)
         yield node, key, key_path

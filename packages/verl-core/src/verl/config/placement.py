@@ -17,7 +17,7 @@ import difflib
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -34,7 +34,12 @@ def as_config(cfg: Any) -> DictConfig:
         return cfg
     if isinstance(cfg, VerlConfig):
         return OmegaConf.structured(cfg)
-    return OmegaConf.merge(OmegaConf.structured(VerlConfig), cfg)
+    return cast(DictConfig, OmegaConf.merge(OmegaConf.structured(VerlConfig), cfg))
+
+
+def to_dict(node: Any, resolve: bool = True) -> Dict[str, Any]:
+    """A config section as plain dicts and lists (what user code and libraries are given)."""
+    return cast(Dict[str, Any], OmegaConf.to_container(node, resolve=resolve))
 
 
 def value(cfg: DictConfig, key: str) -> Any:
@@ -106,7 +111,7 @@ def role_parallel(cfg: DictConfig, role: str) -> Dict[str, Optional[int]]:
     """A role's parallel sizes as a dict (tp, pp, vpp, cp, ep, dp); ref defaults to the actor's."""
     section = "actor" if role == "ref" and ref_inherits_parallel(cfg) else role
     node = value(cfg, f"{section}.parallel")
-    return dict(OmegaConf.to_container(node)) if node is not None else {}
+    return dict(to_dict(node, resolve=False)) if node is not None else {}
 
 
 @dataclass(frozen=True)
@@ -342,7 +347,7 @@ def _fitting_values(devices: int, others: int) -> List[int]:
 
 
 def derive_layout(
-    role: str, backend: str, parallel: Dict[str, Optional[int]], pool: Tuple[str, int, int], key: str, note: str = ""
+    role: str, backend: str, parallel: Dict[str, Any], pool: Tuple[str, int, int], key: str, note: str = ""
 ) -> Tuple[Optional[Layout], List[ConfigProblem]]:
     """Lay `parallel` over a pool (name, first rank, size), deriving dp; None and the problems if it does not fit."""
     name, first, devices = pool

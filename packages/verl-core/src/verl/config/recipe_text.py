@@ -9,7 +9,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, List
 
 import yaml
 
@@ -129,7 +129,8 @@ def _record_locations(
 def parse_all(overrides: Sequence[str]) -> tuple[list[tuple[str, KeyPath, Any]], list[ConfigProblem]]:
     """Parse every `a.b.c=value` override; the good ones as (text, ("a", "b", "c"), value parsed as YAML),
     a problem naming the override per bad one."""
-    parsed, problems = [], []
+    parsed: List[Any] = []
+    problems: List[ConfigProblem] = []
     for text in overrides:
         where = f"override '{text}'"
         key, sep, raw = text.partition("=")

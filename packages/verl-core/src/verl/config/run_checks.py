@@ -8,7 +8,7 @@ warnings. "embedded:" models and data sets are built here and need no file.
 from __future__ import annotations
 
 import os
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 from omegaconf.errors import OmegaConfBaseException
 
@@ -141,7 +141,10 @@ def check_run(cfg: Any, roles: Sequence[str], strict: bool = True, reward_given:
         problems += _model_folder("critic.model_path", value(cfg, "critic.model_path"), needs_tokenizer=False)
     prompt_key = value(cfg, "data.prompt_key") or "prompt"
     for section in ("train_files", "val_files"):
-        columns = (prompt_key, *(PREFERENCE_COLUMNS if offline_dpo and section == "train_files" else RL_COLUMNS))
+        columns: Tuple[str, ...] = (
+            prompt_key,
+            *(PREFERENCE_COLUMNS if offline_dpo and section == "train_files" else RL_COLUMNS),
+        )
         if sft:  # prompt and response, or whole conversations
             columns = SFT_COLUMNS
         for i, path in enumerate(_list(value(cfg, f"data.{section}"))):

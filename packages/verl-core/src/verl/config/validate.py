@@ -150,7 +150,9 @@ def check_backends(ctx: Context) -> List[ConfigProblem]:
     from verl.backends import check_backend  # lazy: backends report their problems with verl.config's types
 
     cfg, roles = ctx.cfg, ctx.draft.roles
-    wanted = (  # (key, backend kind, whether the run uses it); a ref without its own backend runs the actor's
+    wanted: Tuple[
+        Tuple[str, Any, Any], ...
+    ] = (  # (key, backend kind, whether the run uses it); a ref without its own backend runs the actor's
         ("actor.backend", "train", True),
         ("rollout.backend", "rollout", "rollout" in roles),  # (an SFT run has none)
         ("ref.backend", "train", "ref" in roles),

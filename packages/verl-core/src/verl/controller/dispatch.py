@@ -108,9 +108,11 @@ def read_dispatch_infos(role: str, infos: Sequence[Mapping[str, Any]]) -> list[D
     dp_size = sizes[0]
     if not 1 <= dp_size <= world:
         raise ValueError(f"role '{role}': dp_size={dp_size} must be between 1 and the world size {world}")
-    for rank, info in enumerate(checked):
-        if not 0 <= info.dp_rank < dp_size:
-            raise ValueError(f"role '{role}': rank {rank} reports dp_rank={info.dp_rank} outside 0..{dp_size - 1}")
+    for rank, checked_info in enumerate(checked):
+        if not 0 <= checked_info.dp_rank < dp_size:
+            raise ValueError(
+                f"role '{role}': rank {rank} reports dp_rank={checked_info.dp_rank} outside 0..{dp_size - 1}"
+            )
     for dp_rank in range(dp_size):
         ranks = [r for r, info in enumerate(checked) if info.dp_rank == dp_rank]
         collect = [r for r in ranks if checked[r].collect]

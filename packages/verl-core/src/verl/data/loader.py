@@ -6,7 +6,7 @@ processes would buy nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from verl.data.sampler import ResumableSampler
@@ -17,7 +17,8 @@ Collate = Callable[[list[Any]], Any]
 class DataLoader:
     """`next_batch()` gives the next batch, crossing epochs; `for batch in loader` gives the rest of the epoch."""
 
-    def __init__(self, dataset: Sequence[Any], sampler: ResumableSampler, collate: Collate) -> None:
+    def __init__(self, dataset: Any, sampler: ResumableSampler, collate: Collate) -> None:
+        """dataset: rows by index (`len` and `[i]`), with the attributes its kind has (files, has_ref, ...)."""
         if len(dataset) != sampler.n:
             raise ValueError(f"the sampler covers {sampler.n} rows but the data set has {len(dataset)}")
         self.dataset, self.sampler, self.collate = dataset, sampler, collate

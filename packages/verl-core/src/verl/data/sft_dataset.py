@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, List, cast
 
 import pyarrow.parquet as pq
 import torch
@@ -108,7 +108,7 @@ def conversation_ids(tokenizer: Any, messages: list[dict[str, str]], *, where: s
     """Token ids of a conversation as the chat template renders it, message by message, and the loss mask: 1 on
     each assistant message's tokens up to and including its eos (what follows the eos, and every other message,
     is context). Each prefix of the conversation must render as a prefix of the whole."""
-    eos, ids, mask = tokenizer.eos_token_id, [], []
+    eos, ids, mask = tokenizer.eos_token_id, cast(List[int], []), cast(List[int], [])
     for k, message in enumerate(messages):
         before_assistant = k + 1 < len(messages) and messages[k + 1]["role"] == "assistant"
         text = tokenizer.apply_chat_template(messages[: k + 1], add_generation_prompt=before_assistant, tokenize=False)

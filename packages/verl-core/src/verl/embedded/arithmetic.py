@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict
 
 import numpy as np
 import pyarrow as pa
@@ -200,12 +200,13 @@ class ArithmeticFile:
     tool_share: float = 1.0  # tools_sft: the share of conversations that call the calculator
 
     def rows(self) -> list[dict[str, Any]]:
-        make = {
+        makers: Dict[str, Callable[..., list[dict[str, Any]]]] = {
             "rl": make_arithmetic_rows,
             "sft": make_sft_rows,
             "tools_sft": make_tool_sft_rows,
             "preference": make_preference_rows,
-        }[self.kind]
+        }
+        make = makers[self.kind]
         extra = {"tool_share": self.tool_share} if self.kind == "tools_sft" else {}
         return make(self.n, seed=self.seed, split=self.split, max_operand=self.max_operand, ops=self.ops, **extra)
 

@@ -224,6 +224,7 @@ def _rollout_config(overrides: Optional[Mapping[str, Any]]) -> Any:
     try:
         return OmegaConf.merge(base, dict(overrides or {}))
     except (OmegaConfBaseException, TypeError, ValueError) as e:
-        key = f"{_KEY}.rollout" + (f".{e.full_key}" if getattr(e, "full_key", None) else "")
+        full_key = getattr(e, "full_key", None)
+        key = f"{_KEY}.rollout" + (f".{full_key}" if full_key else "")
         fix = "use the keys and types of the rollout section (verl.config.schema.RolloutConfig)"
         raise ValueError(f"{key}: {str(e).splitlines()[0]}; fix: {fix}") from None

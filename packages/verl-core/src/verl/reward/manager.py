@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from numbers import Real
-from typing import Any
+from typing import Any, List
 
 import numpy as np
 import torch
@@ -113,7 +113,7 @@ class RewardManager:
         sources = [str(s) for s in batch.non_tensor_batch.get("data_source", ["unknown"] * n)]
         indices = _dataset_indices(batch, n)
         scores = torch.zeros(n, dtype=torch.float64)
-        replaced = []  # (row, raw value, what replaced it, origin)
+        replaced: List[Any] = []  # (row, raw value, what replaced it, origin)
         metrics: dict[str, float] = {}
 
         fn_results = None
@@ -233,7 +233,7 @@ class RewardManager:
         model = self.reward_model
         if callable(getattr(model, "score_texts", None)):  # a model with a tokenizer of its own: texts, re-rendered
             n = responses.shape[0]
-            conversations = batch.non_tensor_batch.get("messages")
+            conversations: Any = batch.non_tensor_batch.get("messages")
             if conversations is None:  # (a batch from a dataset without the conversation: its prompt as one turn)
                 conversations = [[{"role": "user", "content": p}] for p in _prompts(batch, self.tokenizer, n)]
             out = model.score_texts([list(c) for c in conversations], self._texts(batch, responses, mask))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ PANELS = (
 
 
 def _series(path: str) -> List[Tuple[str, List[Tuple[int, float]]]]:
-    points = {key: [] for key, _ in PANELS}
+    points: Dict[str, List[Tuple[int, float]]] = {key: [] for key, _ in PANELS}
     with open(path, encoding="utf-8") as f:
         for line in f:
             try:

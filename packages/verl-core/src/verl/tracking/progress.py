@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, Dict
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
@@ -60,7 +60,8 @@ class Progress:
                 TimeElapsedColumn(),
                 console=console,
             )
-            self._task = self._bar.add_task("train", total=total_steps, eta="?", **{label: "-" for label, _ in FIELDS})
+            blank: Dict[str, Any] = {label: "-" for label, _ in FIELDS}
+            self._task = self._bar.add_task("train", total=total_steps, eta="?", **blank)
             self._bar.start()
 
     def update(self, step: int, metrics: Mapping[str, Any] | None = None) -> None:
@@ -76,7 +77,8 @@ class Progress:
             if key is not None:
                 value = to_float(metrics[key])
                 fields[label] = "-" if value is None else format_value(value)
-        self._bar.update(self._task, completed=step, eta=format_eta(self.eta(step, now)), **fields)
+        shown: Dict[str, Any] = dict(fields)
+        self._bar.update(self._task, completed=step, eta=format_eta(self.eta(step, now)), **shown)
 
     def eta(self, step: int, now: float) -> float | None:
         """Seconds left at `step`, from the mean step time since the first update; None before that."""

@@ -11,13 +11,14 @@ import difflib
 import logging
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from verl.config.errors import ConfigError, ConfigProblem
+from verl.config.placement import to_dict
 from verl.config.schema import TrackingConfig
 from verl.registry import Registry
 from verl.tracking.console import ConsoleLogger
@@ -127,9 +128,9 @@ def _plain_dict(run_config: Any) -> dict | None:
     if run_config is None or not OmegaConf.is_config(run_config):
         return run_config
     try:
-        return OmegaConf.to_container(run_config, resolve=True)
+        return to_dict(run_config)
     except OmegaConfBaseException:  # an interpolation that cannot resolve yet: keep it as written
-        return OmegaConf.to_container(run_config, resolve=False)
+        return to_dict(run_config, resolve=False)
 
 
 def _tracking_config(cfg: Any) -> TrackingConfig:
@@ -137,7 +138,7 @@ def _tracking_config(cfg: Any) -> TrackingConfig:
     if isinstance(cfg, TrackingConfig):
         return cfg
     try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrackingConfig), cfg))
+        return cast(TrackingConfig, OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrackingConfig), cfg)))
     except (OmegaConfBaseException, ValueError, TypeError) as e:
         raise ConfigError(
             [ConfigProblem("tracking", f"invalid tracking config: {e}", fix="see TrackingConfig")]

@@ -28,7 +28,6 @@ import torch
 from verl.protocol import DataProto
 from verl.rollout_batch import assemble_rollout, pad_rows, unpadded_prompts
 from verl.trainer.shaping import groups_per_share
-from verl.workers.rollout_server import Finished
 
 
 @dataclass
@@ -201,7 +200,7 @@ class AsyncRollouts:
         """What a subclass holds per row of `slot`, narrowed to the groups `keep` (nothing here)."""
 
     @staticmethod
-    def oldest_version(result: Finished) -> int:
+    def oldest_version(result: Any) -> int:
         """The oldest policy version that sampled a token of a row's result."""
         return result.oldest_version
 

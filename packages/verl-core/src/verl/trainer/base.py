@@ -16,9 +16,9 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-from omegaconf import OmegaConf
 
 from verl.algos import load_plugins
+from verl.config.placement import to_dict
 from verl.config.plan import Plan
 from verl.config.resolve import resolve_config
 from verl.controller import init_ray, shutdown_ray
@@ -56,6 +56,21 @@ def mean_over_ranks(per_rank: List[Dict[str, float]]) -> Dict[str, float]:
     return {k: float((np.max if k.startswith("memory/") else np.mean)([r[k] for r in per_rank])) for k in per_rank[0]}
 
 
+def check_trainer_class(cls: type, plan: Plan) -> None:
+    """ConfigError unless `cls` trains what the plan's `trainer` names: the registered trainer class nearest in
+    its bases must be that one (an OnlineDPOTrainer does not run offline DPO, a PPOTrainer no DPO)."""
+    from verl.config.errors import ConfigError, ConfigProblem
+    from verl.trainer.registry import TRAINERS, trainer_class
+
+    expected = trainer_class(plan)
+    registered = {TRAINERS[name] for name in TRAINERS}
+    nearest = next((c for c in cls.__mro__ if c in registered), None)
+    if nearest is not expected:
+        message = f"{cls.__name__} does not train algorithm.name={plan.trainer} ({expected.__name__} does)"
+        fix = f"use {expected.__name__} (or verl.RLTrainer, which picks the class), or subclass it"
+        raise ConfigError([ConfigProblem("algorithm.name", message, fix)])
+
+
 class Trainer:
     """The lifecycle every trainer shares. `config` is a loaded config, a recipe path or a plain dict of sections;
     it is validated as the CLI does (every problem at once, as a ConfigError) unless the caller passes the `plan`
@@ -73,6 +88,7 @@ class Trainer:
             config, plan = resolve_config(config, overrides, reward_given=reward_fn is not None)  # (imports plugins)
         else:
             load_plugins(config.trainer.plugins)  # user registrations before any name is looked up
+        check_trainer_class(type(self), plan)
         self.cfg = cfg = config
         self.started_ray = False
         if plan.controller == "ray":
@@ -92,7 +108,7 @@ class Trainer:
         self.fingerprint = fingerprint(cfg)  # saved with each checkpoint: what `resume: auto` compares
         self.tracker = Tracker(
             cfg.tracking,
-            run_config=OmegaConf.to_container(cfg, resolve=True),
+            run_config=to_dict(cfg),
             log_dir=cfg.tracking.log_dir or os.path.join(self.output_dir, "logs"),
         )
         self.workers = start_workers(cfg, plan, model_path=self.model_path, tokenizer_path=cfg.model.tokenizer_path)

@@ -3,7 +3,7 @@ checkpoint (one_step_off saves the batch it generated ahead), and how stale its 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 
@@ -14,7 +14,8 @@ class PendingRollout:
     """A batch being generated (`PPOTrainer.submit_generate`); `result()` waits for it, once."""
 
     def __init__(self, finish: Callable[[], DataProto]):
-        self._finish, self._batch = finish, None
+        self._finish = finish
+        self._batch: Optional[DataProto] = None
 
     def result(self) -> DataProto:
         if self._batch is None:
@@ -45,7 +46,7 @@ def batch_state(batch: DataProto) -> Dict[str, Any]:
 
 
 def batch_from_state(state: Dict[str, Any]) -> DataProto:
-    non_tensors = {}
+    non_tensors: Dict[str, Any] = {}
     for key, rows in state["non_tensors"].items():
         column = np.empty(len(rows), dtype=object)
         for i, row in enumerate(rows):  # (one by one: numpy would broadcast rows that are equal-length lists)

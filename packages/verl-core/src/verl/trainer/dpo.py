@@ -64,7 +64,7 @@ class DPOTrainer(Trainer):
             )
         return train, make_val_loader(self.cfg.data, self.tokenizer, seed=seed)
 
-    def pairs(self, timer: StageTimer) -> Tuple[DataProto, Dict[str, float]]:
+    def next_pairs(self, timer: StageTimer) -> Tuple[DataProto, Dict[str, float]]:
         """This step's (chosen, rejected) rows, adjacent, and metrics about them."""
         batch = self.train_loader.next_batch()
         return batch, {"dpo/pairs": float(len(batch) // 2)}
@@ -73,7 +73,7 @@ class DPOTrainer(Trainer):
         timer = StageTimer()
         self.workers.take_stats()
         start = time.perf_counter()
-        batch, metrics = self.pairs(timer)
+        batch, metrics = self.next_pairs(timer)
         if len(batch):  # (online: every group of this step may have tied)
             with timer("log_probs"):
                 self.add_reference(batch)
@@ -124,7 +124,7 @@ class OnlineDPOTrainer(DPOTrainer):
         """Prompts of data.train_files and data.val_files, as PPO's."""
         return prompt_loaders(self.cfg, self.tokenizer)
 
-    def pairs(self, timer: StageTimer) -> Tuple[DataProto, Dict[str, float]]:
+    def next_pairs(self, timer: StageTimer) -> Tuple[DataProto, Dict[str, float]]:
         with timer("gen"):
             batch, metrics = self.rollout.next_batch(self.step)
         with timer("reward"):

@@ -20,7 +20,8 @@ class StepProfiler:
     def __init__(self, cfg: Any, output_dir: str, controller: str):
         """cfg: the trainer.profile section (steps [first, last], dir), or None (off)."""
         steps = list(cfg.steps) if cfg is not None else []
-        self.first, self.last = (steps[0], steps[-1]) if steps else (0, -1)
+        self.first: int = steps[0] if steps else 0
+        self.last: int = steps[-1] if steps else -1
         self.dir = (cfg.dir if cfg is not None and cfg.dir else None) or os.path.join(output_dir, "profile")
         self.controller = controller
         self.events: List[Dict[str, Any]] = []

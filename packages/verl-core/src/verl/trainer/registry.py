@@ -7,7 +7,7 @@ with RLTrainer("recipes/dpo_tiny.yaml") as trainer:   # a DPOTrainer; grpo_tiny.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, cast
 
 from verl.config.plan import Plan
 from verl.registry import Registry
@@ -19,7 +19,7 @@ TRAINERS = Registry("trainer", builtins=("verl.trainer.ppo", "verl.trainer.dpo",
 
 def trainer_class(plan: Plan) -> type:
     """The class that trains a run with this plan."""
-    return TRAINERS.get(plan.trainer, key="algorithm.name")
+    return cast(type, TRAINERS.get(plan.trainer, key="algorithm.name"))
 
 
 def RLTrainer(  # noqa: N802 (a class name to its users: it builds the trainer the config asks for)

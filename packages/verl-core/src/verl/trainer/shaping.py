@@ -84,7 +84,7 @@ def best_and_worst(batch: DataProto, n: int, multiple: int = 1) -> Tuple[DataPro
 def scored_groups(batch: DataProto, missing: Any, n: int, multiple: int = 1) -> Tuple[DataProto, int]:
     """The prompt groups (n adjacent samples) whose every sample got its score (reward.server.on_timeout=skip), as
     many as whole data-parallel shares allow (`multiple` rows); and how many groups were dropped."""
-    whole = ~np.asarray(missing, dtype=bool).reshape(-1, n).any(-1)
+    whole = np.asarray(~np.asarray(missing, dtype=bool).reshape(-1, n).any(-1))
     keep = np.nonzero(whole)[0]
     per = groups_per_share(multiple, n)
     keep = keep[: len(keep) - len(keep) % per]

@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
+from verl.config.placement import to_dict
 from verl.config.schema import VerlConfig
 from verl.embedded.arithmetic import resolve_data_files
 from verl.embedded.cache import cache_root, cached_dir, is_embedded, settings_hash
@@ -25,7 +26,7 @@ def prepare_model(cfg: Any) -> str:
     ws = cfg.model.warm_start
     if ws is None:
         return base
-    settings = {"base": os.path.abspath(base), **OmegaConf.to_container(ws, resolve=True)}
+    settings = {"base": os.path.abspath(base), **to_dict(ws)}
     settings["data"] = [_file_identity(f) for f in ws.files]  # new data, new warm start (a name stays the same)
     if cfg.model.tokenizer_path:  # (only when set: the cache keys of earlier runs stay valid)
         settings["tokenizer"] = os.path.abspath(cfg.model.tokenizer_path)
@@ -90,7 +91,7 @@ def warm_start_config(cfg: Any, base: str, output_dir: str) -> DictConfig:
         "checkpoint": {"save_last": False},
         "tracking": {"loggers": ["console"], "curves": False},
     }
-    return OmegaConf.merge(OmegaConf.structured(VerlConfig), run)
+    return cast(DictConfig, OmegaConf.merge(OmegaConf.structured(VerlConfig), run))
 
 
 def _file_identity(name: str) -> list:

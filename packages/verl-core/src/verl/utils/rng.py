@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import pickle
 import random
-from typing import Any, Dict
+from typing import Any, Dict, cast
 
 import numpy as np
 import torch
 
 
 def get_rng_state() -> Dict[str, Any]:
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    name, keys, pos, has_gauss, cached = cast(tuple, np.random.get_state(legacy=True))  # (MT19937's state)
     numpy_state = {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos)}
     numpy_state |= {"has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
     state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}

@@ -82,8 +82,10 @@ class ActorRolloutRefWorker(Worker):
         self.cfg, self.plan, self.model_path = config, plan, model_path
         self.tokenizer_path = tokenizer_path or model_path
         self.roles = [r for r in ROLES if plan.has(r) and (roles is None or r in roles)]
-        self.actor = self.rollout = self.ref = None
-        self.transfer = None  # rank 0's member of the transfer group to a rollout pool of its own, once joined
+        self.actor: Any = None
+        self.rollout: Any = None
+        self.ref: Any = None
+        self.transfer: Any = None  # rank 0's member of the transfer group to a rollout pool of its own, once joined
 
     def _need(self, role: str) -> Any:
         engine = getattr(self, role)

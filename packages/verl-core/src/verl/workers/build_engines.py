@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from omegaconf import OmegaConf
-
+from verl.config.placement import to_dict
 from verl.config.plan import Plan, RolePlan
 from verl.config.schema import LoraConfig
 from verl.engine_protocol import EngineConfig, RolloutSettings, load_engine
@@ -32,7 +31,7 @@ def train_engine(cfg: Any, role: RolePlan, *, model_path: str, total_steps: int,
         lora=_lora(section) if optimize else None,
         seed=cfg.trainer.seed,
         parallel=role.layout,
-        override_config=OmegaConf.to_container(cfg.model.override_config, resolve=True),
+        override_config=to_dict(cfg.model.override_config),
     )
     return load_engine(role.backend, "train")(engine_cfg)
 
@@ -42,7 +41,7 @@ def _lora(section: Any) -> Optional[LoraConfig]:
     lora = section.get("lora")
     if lora is None or lora.rank < 1:
         return None
-    return LoraConfig(**OmegaConf.to_container(lora, resolve=True))
+    return LoraConfig(**to_dict(lora))
 
 
 def rollout_settings(cfg: Any, plan: Plan, tokenizer: Any) -> RolloutSettings:

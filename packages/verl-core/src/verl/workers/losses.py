@@ -30,7 +30,8 @@ def actor_loss_fn(actor_cfg) -> LossFn:
         else:  # an on-policy update (the plan): this forward is the policy the samples were scored under
             old_log_prob = log_prob.detach()
             if "rollout_log_probs" in b.keys():  # the mismatch the trainer measures otherwise (mean over micro-batches)
-                metrics.update(rollout_mismatch_metrics(old_log_prob, b["rollout_log_probs"].to(log_prob.device), mask))
+                mismatch = rollout_mismatch_metrics(old_log_prob, b["rollout_log_probs"].to(log_prob.device), mask)
+                metrics.update(mismatch)  # type: ignore[arg-type]  # (0-d tensors: the engines average them)
         pg_loss, pg_metrics = compute_policy_loss(
             actor_cfg.policy_loss,
             old_log_prob,
@@ -56,7 +57,7 @@ def actor_loss_fn(actor_cfg) -> LossFn:
             metrics["kl_loss"] = _metric(kl)
         return loss, metrics
 
-    loss_fn.weight_by = weight_by(actor_cfg.loss_agg_mode)
+    loss_fn.weight_by = weight_by(actor_cfg.loss_agg_mode)  # type: ignore[attr-defined]  # (read by the engines)
     return loss_fn
 
 
@@ -67,7 +68,7 @@ def sft_loss(out: Dict[str, torch.Tensor], mb: DataProto) -> Tuple[torch.Tensor,
     return loss, {"loss": _metric(loss)}
 
 
-sft_loss.weight_by = "tokens"  # a token mean: micro-batches weigh their tokens (engine_skeleton.Accumulator)
+sft_loss.weight_by = "tokens"  # type: ignore[attr-defined]  # a token mean: micro-batches weigh their tokens (engine_skeleton.Accumulator)
 
 
 def preference_loss_fn(dpo_cfg) -> LossFn:
@@ -93,7 +94,7 @@ def preference_loss_fn(dpo_cfg) -> LossFn:
         metrics = {f"dpo/{k.replace('rewards/', 'reward_')}": _metric(v) for k, v in metrics.items()}
         return loss, {"dpo_loss": _metric(loss), **metrics}
 
-    loss_fn.weight_by = "rows"  # a mean over pairs: micro-batches weigh their rows
+    loss_fn.weight_by = "rows"  # type: ignore[attr-defined]  # a mean over pairs: micro-batches weigh their rows
     return loss_fn
 
 
@@ -118,5 +119,5 @@ def critic_loss_fn(critic_cfg) -> LossFn:
         )
         return loss, {"vf_loss": _metric(loss), **{k: _metric(v) for k, v in metrics.items()}}
 
-    loss_fn.weight_by = weight_by(critic_cfg.loss_agg_mode)
+    loss_fn.weight_by = weight_by(critic_cfg.loss_agg_mode)  # type: ignore[attr-defined]
     return loss_fn

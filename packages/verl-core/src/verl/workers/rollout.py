@@ -40,8 +40,8 @@ class RolloutWorker(Worker):
         super().__init__()
         self.cfg, self.plan, self.model_path = config, plan, model_path
         self.tokenizer_path = tokenizer_path or model_path
-        self.engine = None
-        self.transfer = None  # this rank's member of the transfer group, once joined
+        self.engine: Any = None
+        self.transfer: Any = None  # this rank's member of the transfer group, once joined
         self.version = 0  # the policy version of the weights held: the actor's updates before them
         self.server: Optional[RolloutServer] = None  # the rollout service's replica on this rank, once started
 

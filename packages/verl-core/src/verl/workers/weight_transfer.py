@@ -51,6 +51,7 @@ def join_transfer_group(
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.TCPStore(host, port, world, rank == SENDER, timeout=timeout)
     prefixed = dist.PrefixStore("verl-weight-transfer", store)
+    group: Any
     if backend == "nccl":
         group = dist.ProcessGroupNCCL(prefixed, rank, world, dist.ProcessGroupNCCL.Options())
     elif backend == "gloo":
