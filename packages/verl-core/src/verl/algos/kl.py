@@ -26,6 +26,7 @@ from torch import Tensor
 
 from verl.algos.aggregation import agg_loss
 from verl.algos.utils import acc_dtype, config_value, masked_mean, zero_padding
+from verl.config.schema import KLControlConfig
 from verl.registry import Registry
 
 __all__ = [
@@ -173,17 +174,17 @@ class AdaptiveKLController:
 
 
 @KL_CONTROLLERS.register("fixed")
-def _fixed(cfg: Any) -> FixedKLController:
+def _fixed(cfg: KLControlConfig) -> FixedKLController:
     return FixedKLController(config_value(cfg, "kl_coef", 0.001))
 
 
 @KL_CONTROLLERS.register("adaptive")
-def _adaptive(cfg: Any) -> AdaptiveKLController:
+def _adaptive(cfg: KLControlConfig) -> AdaptiveKLController:
     return AdaptiveKLController(
         config_value(cfg, "kl_coef", 0.001), config_value(cfg, "target_kl", 0.1), config_value(cfg, "horizon", 10000)
     )
 
 
-def make_kl_controller(cfg: Any) -> FixedKLController | AdaptiveKLController:
+def make_kl_controller(cfg: KLControlConfig) -> FixedKLController | AdaptiveKLController:
     """The controller algorithm.kl_ctrl describes (type: fixed | adaptive, or any KL_CONTROLLERS entry)."""
     return KL_CONTROLLERS.get(config_value(cfg, "type", "fixed"), key="algorithm.kl_ctrl.type")(cfg)

@@ -18,13 +18,15 @@ import importlib.metadata
 import json
 import os
 import sys
-from typing import Any, List, Optional, Sequence, TextIO, Tuple
+from typing import Any, List, Optional, Sequence, TextIO, Tuple, cast
 
 from verl.backends import KNOWN_BACKENDS, installed_backends
 from verl.cli.render import format_plan
 from verl.config.errors import ConfigError, ConfigProblem
 from verl.config.loader import read_config, to_yaml
+from verl.config.plan import Plan
 from verl.config.run_checks import check_run
+from verl.config.schema import VerlConfig
 from verl.config.validate import errors, validate_and_plan
 
 EXIT_OK = 0
@@ -107,7 +109,7 @@ def _check(recipe: str, overrides: Sequence[str], strict: bool, show_config: boo
     print("# plan")
     print(format_plan(plan) if plan is not None else "(no plan: the config has errors, listed below)")
     if show_config and plan is not None:
-        problems += _print_models(cfg, plan)
+        problems += _print_models(cast(VerlConfig, cfg), plan)  # (the schema's DictConfig reads as its dataclass)
     _print_problems(problems, sys.stderr)
     return cfg, plan, EXIT_BAD_CONFIG if errors(problems) else EXIT_OK
 
@@ -115,7 +117,7 @@ def _check(recipe: str, overrides: Sequence[str], strict: bool, show_config: boo
 MODEL_ROLES = (("actor", "causal_lm"), ("critic", "value"))
 
 
-def _print_models(cfg: Any, plan: Any) -> List[ConfigProblem]:
+def _print_models(cfg: VerlConfig, plan: Plan) -> List[ConfigProblem]:
     """The "# model" section: each train role whose backend builds models it can describe (megatron) builds
     them here, on the meta device, and reports their size; a model it cannot build is a problem."""
     installed = installed_backends()
@@ -151,7 +153,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return code
 
 
-def start_trainer(cfg: Any, plan: Any, name: str = "run") -> int:
+def start_trainer(cfg: VerlConfig, plan: Plan, name: str = "run") -> int:
     """Train with the validated config and its plan, and print the one-line summary."""
     from verl.trainer.registry import RLTrainer
     from verl.trainer.summary import format_summary
@@ -181,7 +183,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return EXIT_BAD_CONFIG
 
 
-def _resume_hint(cfg: Any, args: argparse.Namespace) -> str:
+def _resume_hint(cfg: VerlConfig, args: argparse.Namespace) -> str:
     """How to go on after a run stopped: the command that continues from its last complete checkpoint."""
     from verl.trainer.checkpoint import CheckpointManager, checkpoint_root
 

@@ -36,6 +36,7 @@ import torch
 
 from verl.algos.utils import config_value
 from verl.config.instantiate import instantiate
+from verl.config.schema import RewardConfig
 from verl.protocol import DataProto
 from verl.reward.functions import RewardFn, _describe, _error, get_reward_fn, is_sequence_reward
 
@@ -276,7 +277,12 @@ class RewardManager:
 
 
 def make_reward_manager(
-    reward_cfg: Any, tokenizer: Any, reward_fn: Any = None, server: Any = None, model: Any = None, **kwargs: Any
+    reward_cfg: RewardConfig,
+    tokenizer: Any,
+    reward_fn: Any = None,
+    server: Any = None,
+    model: Any = None,
+    **kwargs: Any,
 ) -> RewardManager:
     """A RewardManager from the `reward` config section; `reward_fn` (name, mapping or callable) overrides `reward.fn`
     (a callable with parameters input_ids and attention_mask scores whole token rows, returning a Tensor[B]);

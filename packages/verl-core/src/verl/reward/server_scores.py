@@ -20,11 +20,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from verl.config.schema import RewardServerConfig, VerlConfig
+
 logger = logging.getLogger(__name__)
 
 
 class ServerScores:
-    def __init__(self, server: Any, cfg: Any):
+    def __init__(self, server: Any, cfg: RewardServerConfig):
         """server: a verl.api.RewardServer; cfg: the reward.server section."""
         self.server, self.cfg = server, cfg
         # Groups are uids made unique to this run: a rerun on the same store numbers its uids again from the start,
@@ -85,7 +87,7 @@ class ServerScores:
         return scores, missing, metrics
 
 
-def start_reward_server(cfg: Any) -> Any:
+def start_reward_server(cfg: VerlConfig) -> Any:
     """The run's reward server (reward.server): its token from the environment variable token_env, else a random
     one; its URL and (a random) token written to <trainer.output_dir>/reward_server.json, readable by the user."""
     import json

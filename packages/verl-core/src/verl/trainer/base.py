@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from verl.algos import load_plugins
 from verl.config.placement import to_dict
 from verl.config.plan import Plan
 from verl.config.resolve import resolve_config
+from verl.config.schema import VerlConfig
 from verl.controller import init_ray, shutdown_ray
 from verl.protocol import DataProto
 from verl.reward import make_reward_manager
@@ -89,7 +90,8 @@ class Trainer:
         else:
             load_plugins(config.trainer.plugins)  # user registrations before any name is looked up
         check_trainer_class(type(self), plan)
-        self.cfg = cfg = config
+        self.cfg = cast(VerlConfig, config)  # (the schema's DictConfig, read as its dataclass)
+        cfg = self.cfg
         self.started_ray = False
         if plan.controller == "ray":
             # A local cluster gets at least one CPU per placed device (a CPU run places worker processes).

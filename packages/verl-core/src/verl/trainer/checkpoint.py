@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from verl.config.schema import VerlConfig
 from verl.utils.rng import safe_load
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -29,7 +30,7 @@ STATE_FILE = "trainer_state.pt"
 RUN_FILE = "run.json"  # the run's fingerprint (verl.trainer.fingerprint)
 
 
-def checkpoint_root(cfg: Any) -> str:
+def checkpoint_root(cfg: VerlConfig) -> str:
     """Where a run's checkpoints go: checkpoint.dir, else <trainer.output_dir>/checkpoints."""
     return cfg.checkpoint.dir or os.path.join(cfg.trainer.output_dir, "checkpoints")
 

@@ -12,6 +12,8 @@ import json
 import os
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from verl.config.schema import VerlConfig
+
 # Keys (or key prefixes, ending in ".") a resumed run may set differently: none changes what a step computes.
 FREE = (
     "trainer.total_steps",
@@ -83,7 +85,7 @@ def _model(path: Any) -> Optional[str]:
         return hashlib.sha256(f.read()).hexdigest()[:16]
 
 
-def fingerprint(cfg: Any) -> Dict[str, Any]:
+def fingerprint(cfg: VerlConfig) -> Dict[str, Any]:
     """The run's identity as flat dotted keys (JSON values), from a resolved config (DictConfig or dict)."""
     from omegaconf import DictConfig, OmegaConf
 

@@ -11,13 +11,14 @@ import contextlib
 import json
 import os
 import time
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Optional
 
+from verl.config.schema import ProfileConfig
 from verl.trainer.timer import trace
 
 
 class StepProfiler:
-    def __init__(self, cfg: Any, output_dir: str, controller: str):
+    def __init__(self, cfg: Optional[ProfileConfig], output_dir: str, controller: str):
         """cfg: the trainer.profile section (steps [first, last], dir), or None (off)."""
         steps = list(cfg.steps) if cfg is not None else []
         self.first: int = steps[0] if steps else 0

@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, Optional, Protocol, Tuple
 import numpy as np
 
 from verl.config.plan import Plan
+from verl.config.schema import VerlConfig
 from verl.data.build import make_rl_dataloaders
 from verl.engine_protocol import eos_and_pad
 from verl.protocol import DataProto
@@ -261,7 +262,7 @@ class ServiceRollouts(_Source):
     """trainer.mode=async: the rollout service on every rank of the rollout's pool, fed ahead of training within
     trainer.max_staleness (`AsyncRollouts`); validation goes through the service too, beside the batches ahead."""
 
-    def __init__(self, cfg: Any, plan: Plan, tokenizer: Any, workers: Any, loader: Any, agents: Any, **kw: Any):
+    def __init__(self, cfg: VerlConfig, plan: Plan, tokenizer: Any, workers: Any, loader: Any, agents: Any, **kw: Any):
         super().__init__(workers, loader, **kw)
         r = cfg.rollout
         self.client = RolloutClient(
@@ -348,14 +349,14 @@ class ServiceRollouts(_Source):
         self.scheduler.close()
 
 
-def prompt_loaders(cfg: Any, tokenizer: Any, agents: Optional[AgentRollouts] = None) -> Tuple[Any, Any]:
+def prompt_loaders(cfg: VerlConfig, tokenizer: Any, agents: Optional[AgentRollouts] = None) -> Tuple[Any, Any]:
     """(train loader, val loader or None): the prompts of data.train_files and data.val_files, rendered with the
     agent loop's tool schemas when `agents` is given."""
     tools = agents.runner.tool_schemas if agents is not None else None
     return make_rl_dataloaders(cfg.data, tokenizer, seed=cfg.trainer.seed, tools=tools)
 
 
-def make_agents(cfg: Any, plan: Plan, tokenizer: Any) -> Optional[AgentRollouts]:
+def make_agents(cfg: VerlConfig, plan: Plan, tokenizer: Any) -> Optional[AgentRollouts]:
     """rollout.agent.loop: trajectories of agent loops (tools, environments) instead of single completions."""
     if plan.agent_loop is None:
         return None
@@ -376,7 +377,7 @@ SOURCES = {"sync": SyncRollouts, "one_step_off": OneStepOffRollouts}
 
 
 def make_rollout_source(
-    cfg: Any,
+    cfg: VerlConfig,
     plan: Plan,
     tokenizer: Any,
     workers: Any,

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from verl.config.plan import Plan, processes_per_pool
+from verl.config.schema import VerlConfig
 from verl.controller import make_worker_group, pools_from_plan
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from verl.workers.critic import CriticWorker
@@ -79,7 +80,7 @@ class Workers:
         self.pools = []
 
 
-def start_workers(cfg: Any, plan: Plan, *, model_path: str, tokenizer_path: Optional[str] = None) -> Workers:
+def start_workers(cfg: VerlConfig, plan: Plan, *, model_path: str, tokenizer_path: Optional[str] = None) -> Workers:
     """The actor/rollout/ref group on the actor's pool, the critic's and the reward model's groups on their own (or
     the same) pools."""
     mode = plan.controller

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from verl.algos import filter_groups, overlong_penalty
+from verl.config.schema import OverlongBufferConfig
 from verl.protocol import DataProto
 
 
@@ -19,7 +20,9 @@ def groups_per_share(dp: int, n: int) -> int:
     return dp // math.gcd(dp, n)
 
 
-def score_batch(batch: DataProto, reward: Any, overlong: Any, max_response_length: int) -> Dict[str, float]:
+def score_batch(
+    batch: DataProto, reward: Any, overlong: OverlongBufferConfig, max_response_length: int
+) -> Dict[str, float]:
     """The reward's token-level scores into the batch (token_level_scores), with DAPO's overlong penalty when
     algorithm.overlong_buffer enables it; returns the reward's metrics."""
     scores, metrics = reward(batch)
@@ -29,7 +32,7 @@ def score_batch(batch: DataProto, reward: Any, overlong: Any, max_response_lengt
     return metrics
 
 
-def add_overlong_penalty(batch: DataProto, cfg: Any, max_response_length: int) -> float:
+def add_overlong_penalty(batch: DataProto, cfg: OverlongBufferConfig, max_response_length: int) -> float:
     """Add the penalty of algorithm.overlong_buffer to each response's last-token score; returns its mean."""
     b = batch.batch
     lengths = b["response_mask"].sum(-1)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -20,7 +20,7 @@ from verl.embedded.cache import cache_root, cached_dir, is_embedded, settings_ha
 from verl.embedded.models import resolve_model_path
 
 
-def prepare_model(cfg: Any) -> str:
+def prepare_model(cfg: VerlConfig) -> str:
     """A Hugging Face folder to start the run from."""
     base = resolve_model_path(cfg.model.path)
     ws = cfg.model.warm_start
@@ -48,7 +48,7 @@ def prepare_model(cfg: Any) -> str:
     return str(cached_dir(final, write))
 
 
-def warm_start_config(cfg: Any, base: str, output_dir: str) -> DictConfig:
+def warm_start_config(cfg: VerlConfig, base: str, output_dir: str) -> DictConfig:
     """The SFT run of model.warm_start: its files, steps, batch and optimiser, the run's actor backend, seed and
     model settings, one device (in-process unless the run asked for Ray, which is then started already), no
     checkpoints; its log every 50 steps on the console."""

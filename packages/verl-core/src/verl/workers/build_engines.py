@@ -6,13 +6,13 @@ from typing import Any, Optional
 
 from verl.config.placement import to_dict
 from verl.config.plan import Plan, RolePlan
-from verl.config.schema import LoraConfig
+from verl.config.schema import LoraConfig, VerlConfig
 from verl.engine_protocol import EngineConfig, RolloutSettings, load_engine
 
 
-def train_engine(cfg: Any, role: RolePlan, *, model_path: str, total_steps: int, optimize: bool) -> Any:
+def train_engine(cfg: VerlConfig, role: RolePlan, *, model_path: str, total_steps: int, optimize: bool) -> Any:
     """The TrainEngine of `role` (actor, ref or critic) on this worker: its backend and layout from the plan."""
-    section = cfg[role.name]
+    section: Any = getattr(cfg, role.name)  # (the actor's, ref's or critic's section)
     engine_cfg = EngineConfig(
         model_path=model_path,
         tokenizer_path=cfg.model.tokenizer_path,  # exports carry the run's tokenizer
@@ -44,7 +44,7 @@ def _lora(section: Any) -> Optional[LoraConfig]:
     return LoraConfig(**to_dict(lora))
 
 
-def rollout_settings(cfg: Any, plan: Plan, tokenizer: Any) -> RolloutSettings:
+def rollout_settings(cfg: VerlConfig, plan: Plan, tokenizer: Any) -> RolloutSettings:
     """What every rollout engine is built from, besides its config section (`cfg.rollout`)."""
     return RolloutSettings.for_tokenizer(
         tokenizer,
@@ -58,7 +58,7 @@ def rollout_settings(cfg: Any, plan: Plan, tokenizer: Any) -> RolloutSettings:
     )
 
 
-def rollout_engine(cfg: Any, plan: Plan, *, model_path: str, tokenizer: Any, actor: Optional[Any]) -> Any:
+def rollout_engine(cfg: VerlConfig, plan: Plan, *, model_path: str, tokenizer: Any, actor: Optional[Any]) -> Any:
     """The RolloutEngine of the rollout role, beside the colocated actor engine (which an engine may share)."""
     cls = load_engine(plan.role("rollout").backend, "rollout")
     return cls.build(cfg.rollout, model_path=model_path, actor=actor, settings=rollout_settings(cfg, plan, tokenizer))

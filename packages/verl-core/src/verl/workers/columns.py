@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Tuple
+from typing import Tuple
+
+from verl.config.schema import VerlConfig
 
 # What every engine forward reads (see verl.engine_protocol for the layout).
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
 PROMPTS = ("input_ids", "attention_mask", "position_ids")
 
 
-def actor_update_columns(cfg: Any, old_log_probs: bool = True) -> Tuple[str, ...]:
+def actor_update_columns(cfg: VerlConfig, old_log_probs: bool = True) -> Tuple[str, ...]:
     """What the actor's loss reads: the policy-gradient inputs with the rollout's log-probs (every policy loss
     receives them: truncated importance sampling, or a plugin's own correction), plus the reference's
     log-probs for a KL loss. Without `old_log_probs` the update takes them from its own forward."""
