@@ -19,6 +19,7 @@ from typing import Any, Callable, ContextManager, Dict, Iterable, Iterator, List
 import torch
 
 from verl.backends import BackendSpec, installed_backends
+from verl.config.schema import RolloutConfig
 from verl.protocol import DataProto
 
 Metrics = Dict[str, float]
@@ -179,7 +180,9 @@ class RolloutEngine(Protocol):
     """Generates responses for prompts; its weights follow the actor's after every update."""
 
     @classmethod
-    def build(cls, cfg: Any, *, model_path: str, settings: RolloutSettings, actor: Optional[TrainEngine] = None) -> Any:
+    def build(
+        cls, cfg: RolloutConfig, *, model_path: str, settings: RolloutSettings, actor: Optional[TrainEngine] = None
+    ) -> Any:
         """The engine for the `rollout` config section `cfg`, beside the colocated actor engine (None when the
         worker holds none). An engine takes what it uses from `settings`."""
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Optional
 
 from rich.console import Console
 from rich.text import Text
+
+from verl.config.schema import TrackingConfig
 
 __all__ = ["ConsoleLogger", "format_line", "format_value"]
 
@@ -53,7 +55,7 @@ class ConsoleLogger:
 
     def __init__(
         self,
-        cfg: Any = None,
+        cfg: Optional[TrackingConfig] = None,
         *,
         run_config: dict | None = None,
         log_dir: str | None = None,

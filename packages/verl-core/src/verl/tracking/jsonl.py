@@ -6,8 +6,9 @@ import json
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Optional
 
+from verl.config.schema import TrackingConfig
 from verl.tracking.curves import write_curves
 
 __all__ = ["JsonlLogger"]
@@ -20,7 +21,7 @@ class JsonlLogger:
     """`{"step": 3, "time": <unix seconds>, "<metric>": value, ...}` per line; a resumed run appends after
     `resume_at` has dropped the steps logged past its checkpoint (a killed run logged them; they rerun)."""
 
-    def __init__(self, cfg: Any = None, *, run_config: dict | None = None, log_dir: str):
+    def __init__(self, cfg: Optional[TrackingConfig] = None, *, run_config: dict | None = None, log_dir: str):
         self.curves = bool(getattr(cfg, "curves", True))  # tracking.curves: curves.png beside the file at close
         os.makedirs(log_dir, exist_ok=True)
         self.path = os.path.join(log_dir, FILENAME)

@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from verl.config.errors import ConfigError, ConfigProblem
+from verl.config.schema import TrackingConfig
 from verl.tracking.errors import missing_package
 
 __all__ = ["PrometheusLogger", "prometheus_name"]
@@ -34,7 +35,7 @@ def prometheus_name(key: str) -> str:
 
 
 class PrometheusLogger:
-    def __init__(self, cfg: Any, *, run_config: dict | None = None, log_dir: str | None = None):
+    def __init__(self, cfg: TrackingConfig, *, run_config: dict | None = None, log_dir: str | None = None):
         try:
             # An optional extra (pip install verl-core[prometheus]), so the wheel does not require it.
             import prometheus_client  # pants: no-infer-dep

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Optional
 
+from verl.config.schema import TrackingConfig
 from verl.tracking.errors import missing_package
 
 __all__ = ["TensorboardLogger"]
@@ -13,7 +14,7 @@ SUBDIR = "tensorboard"
 
 
 class TensorboardLogger:
-    def __init__(self, cfg: Any = None, *, run_config: dict | None = None, log_dir: str):
+    def __init__(self, cfg: Optional[TrackingConfig] = None, *, run_config: dict | None = None, log_dir: str):
         try:
             # torch's writer needs the tensorboard package (an optional extra: pip install verl-core[tensorboard]);
             # importing it first also catches a missing package when torch.utils.tensorboard is already loaded.
