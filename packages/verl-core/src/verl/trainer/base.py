@@ -129,8 +129,12 @@ class Trainer:
         self.step = 0
         self.val_history: List[Dict[str, float]] = []
         self.profiler = StepProfiler(cfg.trainer.profile, self.output_dir, plan.controller)
+        self.setup()
 
     # ---- what a subclass says -----------------------------------------------------------------------
+    def setup(self) -> None:
+        """What the trainer builds once the workers run (its rollout source, a KL controller); nothing here."""
+
     def scores(self) -> bool:
         """Whether this run scores samples (and so needs a reward)."""
         return False

@@ -12,9 +12,8 @@ run summary are every trainer's (`verl.trainer.base.Trainer`).
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Tuple
 
-from verl.config.plan import Plan
 from verl.data.build import make_preference_loader, make_val_loader
 from verl.protocol import DataProto
 from verl.trainer.base import Trainer, mean_over_ranks
@@ -37,15 +36,7 @@ class DPOTrainer(Trainer):
         print(trainer.fit())
     """
 
-    def __init__(
-        self,
-        config: Any,
-        reward_fn: Optional[Callable] = None,
-        *,
-        overrides: Sequence[str] = (),
-        plan: Optional[Plan] = None,
-    ):
-        super().__init__(config, reward_fn, overrides=overrides, plan=plan)
+    def setup(self) -> None:
         self.rollout = make_rollout_source(self.cfg, self.plan, self.tokenizer, self.workers, self.train_loader)
 
     def scores(self) -> bool:

@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Tuple
 
 from verl.algos import apply_kl_penalty, compute_advantages, estimator_requires, make_kl_controller
 from verl.algos.metrics import data_metrics, rollout_mismatch_metrics
-from verl.config.plan import Plan
 from verl.protocol import DataProto
 from verl.trainer.balance import balance_batch
 from verl.trainer.base import Trainer, mean_over_ranks
@@ -40,15 +39,7 @@ class PPOTrainer(Trainer):
         summary = trainer.fit()
     """
 
-    def __init__(
-        self,
-        config: Any,
-        reward_fn: Optional[Callable] = None,
-        *,
-        overrides: Sequence[str] = (),
-        plan: Optional[Plan] = None,
-    ):
-        super().__init__(config, reward_fn, overrides=overrides, plan=plan)
+    def setup(self) -> None:
         cfg = self.cfg
         self.kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl) if cfg.algorithm.use_kl_in_reward else None
         remax = "reward_baselines" in estimator_requires(cfg.algorithm.adv_estimator)
