@@ -79,6 +79,7 @@ def _private_cluster_env() -> None:
         # process's (Ray's loader caches it for the process), not ~/.ray/auth_token, which runs started side by
         # side would race to create.
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    _reload_ray_auth()
     tag = f"{os.getpid()}-{secrets.token_hex(6)}"
     if sys.platform.startswith("linux"):
         _local["reaper"] = subprocess.Popen(
@@ -90,6 +91,16 @@ def _private_cluster_env() -> None:
             env={k: v for k, v in os.environ.items() if k != reaper.TAG_VAR},
         )
     os.environ[reaper.TAG_VAR] = tag
+
+
+def _reload_ray_auth() -> None:
+    """Have Ray re-read the auth mode and token from the environment: it caches both per process, so a second
+    cluster in one process (a notebook, a test session) would otherwise talk to its GCS with the first's."""
+    # (ray._raylet is compiled: the type checker sees no names in it)
+    from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def _end_local() -> None:
