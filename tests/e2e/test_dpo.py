@@ -59,6 +59,7 @@ def test_dpo_starts_at_log_two_and_a_precomputed_reference_trains_the_same(tmp_p
     assert summary["steps"] == 2
     first = metrics[0]
     assert first["dpo/pairs"] == 4 and first["actor/dpo_loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert first["actor/dpo/nll_loss"] > 0  # the recipe's RPO term, logged apart from the preference loss
     assert metrics[1]["actor/dpo_loss"] != pytest.approx(math.log(2), abs=1e-4)  # the first update moved the policy
     assert metrics[1]["actor/dpo/reward_margins"] != 0
 

@@ -128,6 +128,9 @@ def test_full_kl():
 def test_dpo(kind, smoothing):
     inputs = [torch.tensor(v, dtype=F64) for v in ([-1.0, -3.0], [-2.0, -2.5], [-1.5, -2.0], [-1.2, -2.8])]
     check(lambda *x: dpo_loss(*x, beta=0.5, kind=kind, label_smoothing=smoothing)[0], *inputs)
+    lengths = torch.tensor([3, 5])
+    rpo = dict(nll_weight=0.7, chosen_lengths=lengths)
+    check(lambda *x: dpo_loss(*x, beta=0.5, kind=kind, label_smoothing=smoothing, **rpo)[0], *inputs)
 
 
 def test_inputs_avoid_the_kinks():

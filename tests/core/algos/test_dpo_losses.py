@@ -57,6 +57,22 @@ def test_gradient_pushes_chosen_up_and_rejected_down():
     assert float(pc.grad) == pytest.approx(-g) and float(pr.grad) == pytest.approx(g)
 
 
+def test_nll_term_by_hand():
+    # RPO: the DPO loss + alpha * (-log pi(y_w) / |y_w|) averaged over pairs; chosen log-probs -1 (2 tokens), -3 (3)
+    pc, pr, rc, rr = pair([-1.0, -3.0], [-2.0, -4.0], [-1.5, -3.5], [-1.5, -3.5])
+    pc.requires_grad_()
+    lengths = torch.tensor([2, 3])
+    loss, metrics = dpo_loss(pc, pr, rc, rr, beta=0.1, nll_weight=0.5, chosen_lengths=lengths)
+    plain, _ = dpo_loss(pc.detach(), pr, rc, rr, beta=0.1)
+    nll = (1.0 / 2 + 3.0 / 3) / 2
+    assert float(metrics["nll_loss"]) == pytest.approx(nll)
+    assert float(loss.detach()) == pytest.approx(float(plain) + 0.5 * nll)
+    loss.backward()
+    # each chosen log-prob gets the DPO pull (-beta sigmoid(-beta h) / 2 pairs) and the NLL's -alpha / (|y_w| 2 pairs)
+    g = 0.1 / (1 + math.exp(0.1)) / 2
+    assert pc.grad.tolist() == pytest.approx([-g - 0.5 / 2 / 2, -g - 0.5 / 3 / 2])
+
+
 def test_bad_input_is_named():
     with pytest.raises(ValueError, match="ref_rejected_logps"):
         dpo_loss(*pair([-1.0], [-2.0], [-1.5], [-1.5, 0.0]), beta=0.1)
@@ -66,3 +82,7 @@ def test_bad_input_is_named():
         dpo_loss(*pair([-1.0], [-2.0], [-1.5], [-1.5]), beta=0.1, kind="ipo", label_smoothing=0.1)
     with pytest.raises(KeyError, match="did you mean 'ipo'"):
         dpo_loss(*pair([-1.0], [-2.0], [-1.5], [-1.5]), beta=0.1, kind="ippo")
+    with pytest.raises(ValueError, match="needs chosen_lengths"):
+        dpo_loss(*pair([-1.0], [-2.0], [-1.5], [-1.5]), beta=0.1, nll_weight=1.0)
+    with pytest.raises(ValueError, match="nll_weight must be >= 0"):
+        dpo_loss(*pair([-1.0], [-2.0], [-1.5], [-1.5]), beta=0.1, nll_weight=-1.0)

@@ -221,6 +221,9 @@ class DPOConfig:
     label_smoothing: float = checked(
         0.0, lambda e: 0 <= e < 0.5, "must be in [0, 0.5), got {v}", "set {key}=0.0 (or e.g. 0.1 for cDPO)"
     )
+    # > 0 adds nll_weight * the chosen response's per-token NLL (RPO; TRL's rpo_alpha): keeps the chosen likelihood
+    # up when pairs share most tokens (a right answer against a near miss), where the preference term alone lowers it
+    nll_weight: float = checked(0.0, lambda a: a >= 0, "must be >= 0, got {v}", "set {key}=0.0 (off) or e.g. 1.0")
 
 
 # What algorithm.name selects: the trainer (verl.trainer.registry) and the kind of update.

@@ -19,6 +19,7 @@ HEADLINE = (
     ("pg_loss", ("actor/pg_loss",)),
     ("dpo_loss", ("actor/dpo_loss",)),
     ("margin", ("actor/dpo/reward_margins",)),
+    ("nll", ("actor/dpo/nll_loss",)),  # DPO with algorithm.dpo.nll_weight (RPO)
     ("loss", ("actor/loss",)),  # SFT
     ("tok/s", ("perf/tokens_per_s",)),
     ("step_s", ("timing/step_s",)),

@@ -78,7 +78,8 @@ def preference_loss_fn(dpo_cfg) -> LossFn:
     def loss_fn(out: Dict[str, torch.Tensor], mb: DataProto) -> Tuple[torch.Tensor, Dict[str, float]]:
         b = mb.batch
         log_prob = out["log_probs"]
-        seq = (log_prob * b["response_mask"].to(log_prob)).sum(-1)
+        mask = b["response_mask"].to(log_prob)
+        seq = (log_prob * mask).sum(-1)
         ref = b["ref_seq_log_probs"].to(seq.device)
         if len(seq) % 2 or not bool(b["is_chosen"][0::2].all()) or bool(b["is_chosen"][1::2].any()):
             raise ValueError("a DPO micro-batch must hold whole (chosen, rejected) pairs, chosen first")
@@ -90,9 +91,12 @@ def preference_loss_fn(dpo_cfg) -> LossFn:
             beta=dpo_cfg.beta,
             kind=dpo_cfg.loss,
             label_smoothing=dpo_cfg.label_smoothing,
+            nll_weight=dpo_cfg.nll_weight,
+            chosen_lengths=mask[0::2].sum(-1),
         )
+        preference = loss.detach() - dpo_cfg.nll_weight * metrics["nll_loss"] if "nll_loss" in metrics else loss
         metrics = {f"dpo/{k.replace('rewards/', 'reward_')}": _metric(v) for k, v in metrics.items()}
-        return loss, {"dpo_loss": _metric(loss), **metrics}
+        return loss, {"dpo_loss": _metric(preference), **metrics}  # (dpo_loss: the preference term alone)
 
     loss_fn.weight_by = "rows"  # type: ignore[attr-defined]  # a mean over pairs: micro-batches weigh their rows
     return loss_fn
