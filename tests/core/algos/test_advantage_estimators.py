@@ -99,13 +99,27 @@ def test_reinforce_plus_plus_by_hand():
     torch.testing.assert_close(adv, torch.tensor(expected, dtype=torch.float64))
 
 
-def test_reinforce_plus_plus_returns_restart_after_a_masked_token():
-    # A masked token inside a response (a tool's output in a multi-turn rollout) ends a segment.
-    rewards = torch.tensor([[1.0, 0.0, 0.0, 4.0]], dtype=torch.float64)
-    mask = torch.tensor([[1, 1, 0, 1]], dtype=torch.bool)
-    # gamma = 1: G3 = 4; G2 = 0 + 4 = 4 then restart; G1 = 0; G0 = 1 + 0 = 1
+def test_reinforce_plus_plus_carries_the_return_across_a_masked_span():
+    # A tool's output inside a multi-turn response is masked: the outcome reward must still reach the first turn.
+    rewards = torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0, 0, 1]], dtype=torch.bool)
     _, ret = run("reinforce_plus_plus", rewards, mask)
-    torch.testing.assert_close(ret, torch.tensor([[1.0, 0.0, 0.0, 4.0]], dtype=torch.float64))
+    torch.testing.assert_close(ret, torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0]], dtype=torch.float64))
+    # gamma = 0.5 discounts per response token, not per masked one: G4 = 1, G1 = 0.5, G0 = 0.25
+    _, ret = run("reinforce_plus_plus", rewards, mask, config=AlgorithmConfig(gamma=0.5))
+    torch.testing.assert_close(ret, torch.tensor([[0.25, 0.5, 0.0, 0.0, 1.0]], dtype=torch.float64))
+    # A reward inside the first turn adds to it: G0 = 1 + 0.5 * (0 + 0.5 * 4) = 2 (gamma 0.5)
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0, 4.0]], dtype=torch.float64)
+    _, ret = run("reinforce_plus_plus", rewards, mask, config=AlgorithmConfig(gamma=0.5))
+    torch.testing.assert_close(ret, torch.tensor([[2.0, 2.0, 0.0, 0.0, 4.0]], dtype=torch.float64))
+
+
+def test_remax_carries_the_return_across_a_masked_span():
+    rewards = torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0, 0, 1]], dtype=torch.bool)
+    adv, ret = run("remax", rewards, mask, reward_baselines=torch.tensor([0.25], dtype=torch.float64))
+    torch.testing.assert_close(ret, torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0]], dtype=torch.float64))
+    torch.testing.assert_close(adv, torch.tensor([[0.75, 0.75, 0.0, 0.0, 0.75]], dtype=torch.float64))
 
 
 def test_reinforce_plus_plus_baseline_by_hand():

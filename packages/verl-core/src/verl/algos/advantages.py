@@ -170,16 +170,17 @@ def reinforce_plus_plus(
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++: discounted returns G_t (gamma from config), whitened over every response token of the batch.
 
-    G_t = r_t + gamma G_{t+1}, restarting after every masked-out token (the end of a response).
+    G_t = r_t + gamma G_{t'} over the response's tokens, t' the next token in the mask: masked-out tokens (padding,
+    or a tool's output inside a multi-turn response) are skipped, as in gae, so an outcome reward reaches every
+    earlier turn (mask 1 1 0 0 1, reward 1 at the end, gamma 1: returns 1 1 0 0 1).
     """
     rewards, keep = token_level_rewards.to(acc_dtype(token_level_rewards)), response_mask.bool()
     gamma = config_value(config, "gamma", 1.0)
     returns = torch.zeros_like(rewards)
     running = rewards.new_zeros(rewards.shape[0])
     for t in reversed(range(rewards.shape[1])):
-        running = rewards[:, t] + gamma * running
+        running = torch.where(keep[:, t], rewards[:, t] + gamma * running, running)
         returns[:, t] = running
-        running = torch.where(keep[:, t], running, torch.zeros_like(running))
     returns = _zero_outside(returns, response_mask)
     return _whiten(returns, response_mask), returns
 
