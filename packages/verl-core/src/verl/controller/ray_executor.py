@@ -56,8 +56,12 @@ def _address_and_free_port() -> tuple[str, int]:
 def rendezvous_address(slot: Slot) -> tuple[str, int]:
     """MASTER_ADDR and MASTER_PORT for a group whose rank 0 lives in `slot`: that node's address and a port free there.
 
-    On the driver's own node the driver picks the port; elsewhere a tiny task in rank 0's bundle does.
+    On a cluster of one node every rank is on this machine, so the group rendezvouses on loopback and nothing it
+    opens listens beyond it (controller/rendezvous.py). On the driver's own node the driver picks the port;
+    elsewhere a tiny task in rank 0's bundle does.
     """
+    if sum(1 for node in ray.nodes() if node["Alive"]) == 1:
+        return "127.0.0.1", free_port("127.0.0.1")
     if slot.node_id == ray.get_runtime_context().get_node_id():
         return ray.util.get_node_ip_address(), free_port()
     where = PlacementGroupSchedulingStrategy(slot.placement_group, slot.bundle_index)

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from verl.controller.rendezvous import is_loopback, pin_gloo_to_loopback, tcp_store
+
 DEVICE_ENV = "VERL_DEVICE"  # "cpu" or "cuda": the pool's device type, set by the group
 
 
@@ -87,12 +89,17 @@ class Worker:
             return
         for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
             os.environ.setdefault(key, str(getattr(self, key.lower())))  # each has a property of that name
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if not is_loopback(self.master_addr):  # ranks on several machines: env:// listens on every interface
+            dist.init_process_group(
+                backend=backend, init_method="env://", rank=self.rank, world_size=self.world_size, timeout=timeout
+            )
+            return
+        # One machine: the store and gloo's pairs listen on loopback only (controller/rendezvous.py).
+        pin_gloo_to_loopback()
+        store = tcp_store(self.master_addr, self.master_port, self.world_size, self.rank == 0, timeout)
         dist.init_process_group(
-            backend=backend,
-            init_method="env://",
-            rank=self.rank,
-            world_size=self.world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
+            backend=backend, store=store, rank=self.rank, world_size=self.world_size, timeout=timeout
         )
 
     def dispatch_info(self, mesh: str = "train") -> dict[str, Any]:

@@ -11,15 +11,15 @@ import torch.distributed as dist
 @contextlib.contextmanager
 def world_of_one() -> Iterator[None]:
     """Initialise a single-rank gloo group for the block (reusing one that is already a world of one)."""
-    from verl.controller.worker import free_port
+    from verl.controller.rendezvous import pin_gloo_to_loopback
 
     if dist.is_initialized():
         if dist.get_world_size() != 1:
             raise RuntimeError("this runs as a single process; call it outside a distributed job")
         yield
         return
-    port = free_port("127.0.0.1")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    pin_gloo_to_loopback()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # (in memory: no socket)
     try:
         yield
     finally:

@@ -21,6 +21,8 @@ from typing import Any, Iterable, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from verl.controller.rendezvous import is_loopback, pin_gloo_to_loopback, tcp_store
+
 DEFAULT_BUCKET_BYTES = 256 << 20  # 256 MiB: a handful of buckets for a 7B model's layers, one for a tiny model
 ALIGN = 16  # each tensor starts at a multiple of this in a bucket, so its bytes can be viewed as any dtype
 SENDER = 0  # the sender's rank in the transfer group: the actor's rank 0
@@ -49,7 +51,9 @@ def join_transfer_group(
     A group of its own, not the pool's default one: the actor's and the rollout's ranks belong to different
     default worlds. Every member must call this at about the same time (the constructor rendezvouses)."""
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(host, port, world, rank == SENDER, timeout=timeout)
+    if is_loopback(host):  # one machine: listen on loopback only (controller/rendezvous.py)
+        pin_gloo_to_loopback()
+    store = tcp_store(host, port, world, rank == SENDER, timeout)
     prefixed = dist.PrefixStore("verl-weight-transfer", store)
     group: Any
     if backend == "nccl":
