@@ -82,15 +82,25 @@ def test_ppo_with_critic_reference_and_kl_in_reward(tmp_path):
         "critic.ppo_micro_batch_size_per_device=2",
         *(f"{key}=true" for key in ("actor.param_offload", "actor.optimizer_offload", "ref.param_offload")),
         *(f"{key}=true" for key in ("critic.param_offload", "critic.optimizer_offload")),
+        "algorithm.kl_ctrl.kl_coef=0.1",  # a penalty large enough to see in the rewards
+        steps=4,
     )
     _run(cfg)
-    row = _metrics(tmp_path)[-1]
+    rows = _metrics(tmp_path)
+    row = rows[-1]
     for key in ("critic/vf_loss", "critic/grad_norm", "actor/reward_kl", "actor/reward_kl_coef", "actor/pg_loss"):
         assert key in row, key
+    # The KL penalty: nothing at step 1 (the actor is the reference), then the rewards are the scores minus it.
+    first, later = rows[0], rows[1:]
+    assert first["actor/reward_kl"] == 0 and first["critic/rewards/mean"] == first["critic/score/mean"]
+    for r in later:
+        assert r["actor/reward_kl"] != 0 and r["critic/rewards/mean"] != pytest.approx(r["critic/score/mean"], abs=1e-9)
+    # The critic learns: its loss falls from the first step's (random values) to the last.
+    assert rows[-1]["critic/vf_loss"] < 0.5 * first["critic/vf_loss"], [r["critic/vf_loss"] for r in rows]
     # peak memory of each phase of the step (CPU: the process's resident set, here the driver's own)
     for phase in ("gen", "log_probs", "update", "values", "critic_update"):
         assert 0.1 < row[f"memory/{phase}_peak_gib"] < 24, phase
-    ckpt = tmp_path / "checkpoints" / "step_2"
+    ckpt = tmp_path / "checkpoints" / "step_4"
     assert (ckpt / "actor").is_dir() and (ckpt / "critic").is_dir()
 
 
@@ -117,12 +127,40 @@ def test_dapo_dynamic_sampling_and_overlong_penalty(tmp_path):
 
 
 def test_remax_gets_greedy_baselines(tmp_path):
+    """Each prompt's baseline is the reward of its greedy response under the current policy: checked, when the
+    trainer adds them, against a greedy decode by hand (transformers' generate on the actor's module)."""
+    import torch
+
+    checked = []
+
+    class CheckedPPOTrainer(PPOTrainer):
+        def add_greedy_baselines(self, prompts, batch):
+            super().add_greedy_baselines(prompts, batch)
+            model = self.workers.actor_rollout.executor.worker.actor.model
+            ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
+            with torch.no_grad():
+                out = model.generate(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    do_sample=False,
+                    max_new_tokens=self.plan.response_length,
+                    eos_token_id=self.tokenizer.eos_token_id,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                )
+            greedy = self.tokenizer.batch_decode(out[:, ids.shape[1] :], skip_special_tokens=True)
+            by_hand = torch.tensor([odd_length_reward("", text, "", {}) for text in greedy])
+            checked.append((batch.batch["reward_baselines"], by_hand.repeat_interleave(self.cfg.rollout.n), greedy))
+
     cfg = tiny_config(
         "grpo_tiny", str(tmp_path), "trainer.controller=local", "algorithm.adv_estimator=remax", "rollout.n=2"
     )
-    with PPOTrainer(cfg, reward_fn=odd_length_reward) as trainer:
+    with CheckedPPOTrainer(cfg, reward_fn=odd_length_reward) as trainer:
         summary = trainer.fit()
-    assert summary["steps"] == 2 and "actor/pg_loss" in _metrics(tmp_path)[-1]
+    assert summary["steps"] == 2 and len(checked) == 2
+    for baselines, by_hand, greedy in checked:
+        assert baselines.tolist() == by_hand.tolist(), greedy
+    # Not all alike (else the check would hold for a constant): the greedy responses' lengths differ in parity.
+    assert len({b for baselines, _, _ in checked for b in baselines.tolist()}) == 2
 
 
 def test_an_on_policy_update_takes_its_old_log_probs_from_its_own_forward(tmp_path):

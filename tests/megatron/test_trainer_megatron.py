@@ -61,6 +61,10 @@ def test_weight_sync_is_measured_and_resume_is_exact(tmp_path):
     per_rank = (halves + 2 * 42 * 128) * 4
     assert rows[-1]["perf/weight_sync_comm_bytes"] == 2 * per_rank
     assert all(r["timing/weight_sync_s"] > 0 for r in rows)
+    # After each sync the hf rollout samples with the actor's weights: the trainer's log-probs (TP=2) of the sampled
+    # tokens are the rollout's (TP=1) up to float rounding, every step.
+    for r in rows:
+        assert 0 <= r["rollout/logprob_diff_mean"] <= r["rollout/logprob_diff_max"] < 1e-4, r["step"]
     print(
         f"weight sync TP=2 -> rollout TP=1: {rows[-1]['perf/weight_sync_bytes']:.0f} B loaded, "
         f"{rows[-1]['perf/weight_sync_comm_bytes']:.0f} B exchanged, {rows[-1]['timing/weight_sync_s']:.3f} s"
@@ -91,6 +95,8 @@ def test_ppo_with_megatron_actor_and_critic(tmp_path):
     row = _metrics(tmp_path)[-1]
     for key in ("critic/vf_loss", "critic/grad_norm", "actor/pg_loss", "actor/grad_norm", "critic/vpred_mean"):
         assert key in row, key
+    for r in _metrics(tmp_path):  # the megatron actor's log-probs are the rollout's (fp32)
+        assert 0 <= r["rollout/logprob_diff_mean"] <= r["rollout/logprob_diff_max"] < 1e-4, r["step"]
     assert os.path.exists(tmp_path / "checkpoints" / "step_2" / "critic" / "verl_megatron.json")
 
 
