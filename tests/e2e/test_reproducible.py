@@ -1,0 +1,44 @@
+"""A seeded run repeats bit for bit on one machine and software at one torch thread per worker: grpo_tiny twice,
+the same weights and every logged metric (timings and throughput aside)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.support.run_configs import ODD_LENGTH_REWARD, fit, tiny_config
+
+pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
+
+MEASURED = ("timing/", "perf/", "memory/")  # wall-clock and memory readings, not results of the computation
+
+
+@pytest.fixture(autouse=True)
+def _cache(embedded_cache, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("VERL_CACHE", embedded_cache)
+
+
+def test_grpo_tiny_repeats_bit_for_bit_at_one_thread(tmp_path):
+    from safetensors.torch import load_file
+
+    runs = []
+    for name in ("first", "second"):
+        out = tmp_path / name
+        cfg = tiny_config(
+            "grpo_tiny",
+            str(out),
+            "trainer.controller=local",
+            "placement.threads_per_worker=1",
+            "checkpoint.save_hf=true",
+            ODD_LENGTH_REWARD,  # spread: every step moves the weights
+            steps=6,
+        )
+        _, rows = fit(cfg)
+        results = [{k: v for k, v in row.items() if k != "time" and not k.startswith(MEASURED)} for row in rows]
+        runs.append((results, load_file(str(out / "hf" / "model.safetensors"))))
+    (rows_a, weights_a), (rows_b, weights_b) = runs
+    assert len(rows_a) == 6 and rows_a == rows_b  # every metric of every step, exactly
+    assert rows_a[-1]["actor/grad_norm"] > 0
+    assert weights_a.keys() == weights_b.keys()
+    for name, weight in weights_a.items():
+        assert torch.equal(weight, weights_b[name]), name
