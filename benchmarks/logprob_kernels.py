@@ -177,12 +177,20 @@ def main() -> None:
     p.add_argument("--out", type=Path, help="results path without suffix (default benchmarks/results/...)")
     p.add_argument("--impl", help=argparse.SUPPRESS)  # worker mode
     p.add_argument("--result", help=argparse.SUPPRESS)
+    p.add_argument("--dry-run", action="store_true", help="parse, print the settings and exit (no torch, no CUDA)")
     args = p.parse_args()
     for key, value in DEFAULTS[args.device].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.repeats is None:
         args.repeats = 2 if args.device == "cpu" else 5
+    if args.dry_run:
+        keys = ("device", "dtype", "n", "h", "v", "impls", "temperature", "entropy_grad", "threads", "repeats")
+        settings = {k: getattr(args, k) for k in keys}
+        print(f"logprob_kernels: settings {settings}")
+        out = args.out or ROOT / "benchmarks" / "results" / f"logprob_kernels_{args.device}"
+        print(f"logprob_kernels: would write {out.with_suffix('.json')} and {out.with_suffix('.md')}")
+        return
     if args.impl:
         worker(args)
         return
