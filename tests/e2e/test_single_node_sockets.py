@@ -11,8 +11,8 @@ import sys
 import pytest
 import ray
 
+from tests.support.processes import Listener, ListenerSampler, listeners
 from tests.support.run_configs import fit, tiny_config
-from tests.support.sockets import ListenerSampler, Listener, listeners
 
 pytestmark = [
     pytest.mark.slow,  # the fast tier skips this file (tagged "slow" in tests/BUILD too)

@@ -1,5 +1,5 @@
-"""Which TCP sockets a set of processes listens on, read from /proc (Linux): for the tests that a single-node run
-opens nothing beyond loopback."""
+"""Processes as /proc shows them (Linux): the TCP sockets they listen on (for the tests that a single-node run opens
+nothing beyond loopback), their descendants and command lines (for the tests that a killed run leaves none)."""
 
 from __future__ import annotations
 

@@ -10,14 +10,21 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.support.sockets import listeners
+from tests.support.processes import listeners
 from verl.controller.rendezvous import is_loopback, tcp_store
 from verl.controller.worker import free_port
 
 
 @pytest.mark.parametrize(
     "host, loopback",
-    [("127.0.0.1", True), ("127.0.0.2", True), ("localhost", True), ("::1", True), ("10.1.2.3", False), ("node-7", False)],
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.2", True),
+        ("localhost", True),
+        ("::1", True),
+        ("10.1.2.3", False),
+        ("node-7", False),
+    ],
 )
 def test_is_loopback(host, loopback):
     assert is_loopback(host) is loopback

@@ -194,6 +194,21 @@ def test_a_resumed_run_drops_the_steps_logged_after_its_checkpoint(tmp_path):
     assert [r["reward/score/mean"] for r in records] == [0.1, 0.2, 0.3, 4.0, 5.0]
 
 
+def test_a_run_killed_before_its_first_checkpoint_starts_its_log_over(tmp_path):
+    """No checkpoint to resume from: the run starts again at step 0 (its validation too), so nothing the killed
+    attempt logged stays."""
+    log_dir = tmp_path / "logs"
+    with Tracker(TrackingConfig(loggers=["jsonl"]), log_dir=str(log_dir)) as tracker:
+        for step in (0, 1, 2):
+            tracker.log({"reward/score/mean": step}, step=step)
+    with Tracker(TrackingConfig(loggers=["jsonl"]), log_dir=str(log_dir)) as tracker:
+        tracker.resume_at(-1)
+        for step in (0, 1):
+            tracker.log({"reward/score/mean": 10 + step}, step=step)
+    records = read_jsonl(log_dir / "metrics.jsonl")
+    assert [(r["step"], r["reward/score/mean"]) for r in records] == [(0, 10), (1, 11)]
+
+
 # --------------------------------------------------------------------------- console
 
 

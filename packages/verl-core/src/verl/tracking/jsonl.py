@@ -34,7 +34,8 @@ class JsonlLogger:
         self._file.flush()  # a crashed run keeps every step it logged
 
     def resume_at(self, step: int) -> None:
-        """Keep the records of steps <= `step` (and no half-written line), rewriting the file atomically."""
+        """Keep the records of steps <= `step` (and no half-written line), rewriting the file atomically; -1: none
+        (a run that starts over from step 0 under `resume: auto`)."""
         self._file.close()
         with open(self.path, encoding="utf-8") as f:
             kept = [line for line in f if (logged := _step_of(line)) is not None and logged <= step]

@@ -206,6 +206,8 @@ class Trainer:
         resume = self.cfg.trainer.resume
         path = None if resume == "disable" else (self.checkpoints.latest() if resume == "auto" else resume)
         if path is None:
+            if resume == "auto":  # this run starts over: what an attempt killed before its first checkpoint logged goes
+                self.tracker.resume_at(-1)
             return
         state = self.checkpoints.load_state(path)
         self.read_checkpoint(path)
