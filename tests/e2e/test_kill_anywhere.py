@@ -22,15 +22,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.support.processes import cmdline
+from tests.support.processes import cmdline, env_values
 from tests.support.run_configs import ODD_LENGTH_REWARD, RECIPES, tiny_overrides
 
 pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
 
 STEPS = 8
 MEASURED = ("timing/", "perf/", "memory/")  # wall-clock and memory readings, not results of the computation
-EXTRA = (
-    "trainer.controller=local",
+COMMON = (
     "placement.threads_per_worker=1",
     "rollout.n=4",
     "checkpoint.save_every=1",  # a save (and a prune: keep_last 2) every step, so kills land in them too
@@ -38,11 +37,20 @@ EXTRA = (
     "checkpoint.save_hf=true",
     ODD_LENGTH_REWARD,  # rewards with spread, so every step changes the weights
 )
+# The kinds of run: in-process workers; FSDP over two Ray workers (a multi-rank checkpoint save); the rollout on a
+# worker of its own, one step off the policy (a batch in flight at every checkpoint, weights over a transfer group).
+MODES = {
+    "local": ("grpo_tiny", ("trainer.controller=local",)),
+    "fsdp_dp2_ray": ("grpo_tiny", ("trainer.controller=ray", "placement.devices_per_node=2")),
+    "one_step_off": ("grpo_tiny_async", ("trainer.controller=ray",)),
+}
+KILLS = {"local": 3, "fsdp_dp2_ray": 2, "one_step_off": 2}
 
 
-def _cmd(out: Path) -> list[str]:
-    recipe = str(RECIPES / "grpo_tiny.yaml")
-    return [sys.executable, "-m", "verl.cli", "train", recipe, *tiny_overrides(str(out), steps=STEPS), *EXTRA]
+def _cmd(out: Path, mode: str) -> list[str]:
+    recipe, extra = MODES[mode]
+    overrides = (*tiny_overrides(str(out), steps=STEPS), *COMMON, *extra)
+    return [sys.executable, "-m", "verl.cli", "train", str(RECIPES / f"{recipe}.yaml"), *overrides]
 
 
 def _env(cache: str) -> dict:
@@ -91,27 +99,30 @@ def _results(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in row.items() if k != "time" and not k.startswith(MEASURED)} for row in rows]
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_killed_anywhere_and_resumed_equals_the_straight_run(tmp_path, embedded_cache, seed):  # noqa: F811
+@pytest.mark.parametrize(
+    "mode, seed", [("local", 0), ("local", 1), ("fsdp_dp2_ray", 1), ("one_step_off", 1)], ids=lambda v: str(v)
+)
+def test_killed_anywhere_and_resumed_equals_the_straight_run(tmp_path, embedded_cache, mode, seed):  # noqa: F811
     env = _env(embedded_cache)
     straight = tmp_path / "straight"
-    done = subprocess.run(_cmd(straight), env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(_cmd(straight, mode), env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
 
-    run, rng, kills = tmp_path / "killed", random.Random(seed), []
-    for _ in range(3):
+    run, rng, kills, drivers = tmp_path / "killed", random.Random(seed), [], []
+    for _ in range(KILLS[mode]):
         with open(tmp_path / f"killed-{len(kills)}.stderr", "w") as err:  # a file: a pipe could fill up
-            proc = subprocess.Popen(_cmd(run), env=env, stdout=subprocess.DEVNULL, stderr=err)
+            proc = subprocess.Popen(_cmd(run, mode), env=env, stdout=subprocess.DEVNULL, stderr=err)
+            drivers.append(proc.pid)
             where = _kill_at(proc, run, rng)
         if where == "finished":
             assert proc.returncode == 0, (tmp_path / f"killed-{len(kills)}.stderr").read_text()[-3000:]
             break
         kills.append(where)
     else:  # the last resume, to the end
-        done = subprocess.run(_cmd(run), env=env, capture_output=True, text=True, timeout=600)
+        done = subprocess.run(_cmd(run, mode), env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
     assert kills, "every run finished before its kill landed: nothing was tested"
-    print(f"seed {seed}: killed at {kills}")
+    print(f"{mode}, seed {seed}: killed at {kills}")
 
     # Each step logged once, with the straight run's results, bit for bit.
     rows, expected = _logged(run), _logged(straight)
@@ -127,6 +138,11 @@ def test_killed_anywhere_and_resumed_equals_the_straight_run(tmp_path, embedded_
     names = sorted(os.listdir(run / "checkpoints"))
     assert names == [f"step_{STEPS - 1}", f"step_{STEPS}"], names
     assert all((run / "checkpoints" / n / "COMPLETE").exists() for n in names)
-    # No process of the killed runs is left (their command lines name the run's folder).
+    # No process of the killed runs is left: none names the run's folder, and the Ray processes a killed driver
+    # started (they carry its run tag, "<driver pid>-...") are gone once its reaper has run.
     left = [pid for pid in os.listdir("/proc") if pid.isdigit() and str(run) in cmdline(int(pid))]
     assert not left, [cmdline(int(pid)) for pid in left]
+    deadline = time.monotonic() + 30
+    while orphans := [p for p, tag in env_values("VERL_RUN").items() if int(tag.split("-")[0]) in drivers]:
+        assert time.monotonic() < deadline, [cmdline(p) for p in orphans]
+        time.sleep(0.5)

@@ -88,6 +88,22 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def env_values(name: str) -> dict[int, str]:
+    """pid -> the value of environment variable `name`, for every process (this one excluded) that sets it: e.g. the
+    run tag a run's Ray processes inherit from its driver."""
+    found, key = {}, name.encode() + b"="
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    for var in f.read().split(b"\0"):
+                        if var.startswith(key):
+                            found[int(entry)] = var[len(key) :].decode(errors="replace")
+            except OSError:
+                continue
+    return found
+
+
 def cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
