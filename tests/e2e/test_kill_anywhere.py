@@ -1,7 +1,7 @@
-"""Kill anywhere, resume, and get the uninterrupted run: `verl train` processes SIGKILLed at seeded random moments
-(during generation, the update, a checkpoint save or its pruning: a checkpoint every step), each resumed with
-`trainer.resume=auto`, end with the uninterrupted run's weights and every logged metric bit for bit, each step
-logged once, only complete checkpoints on disk, and no process of theirs left.
+"""Kill anywhere, resume, and get the uninterrupted run: `verl train` processes, or one of their Ray workers,
+SIGKILLed at seeded random moments (during generation, the update, a checkpoint save or its pruning: a checkpoint
+every step), each resumed with `trainer.resume=auto`, end with the uninterrupted run's weights and every logged
+metric bit for bit, each step logged once, only complete checkpoints on disk, and no process of theirs left.
 
 One torch thread per process: at one thread a seeded run repeats bit for bit (tests/e2e/test_reproducible.py),
 so any difference is the resume's.
@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.support.processes import cmdline, env_values
+from tests.support.processes import cmdline, descendants, env_values
 from tests.support.run_configs import ODD_LENGTH_REWARD, RECIPES, tiny_overrides
 
 pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
@@ -44,7 +44,12 @@ MODES = {
     "fsdp_dp2_ray": ("grpo_tiny", ("trainer.controller=ray", "placement.devices_per_node=2")),
     "one_step_off": ("grpo_tiny_async", ("trainer.controller=ray",)),
 }
-KILLS = {"local": 3, "fsdp_dp2_ray": 2, "one_step_off": 2}
+# Where kills aim: the driver inside a step or a save, and under Ray one of its workers too.
+AIMS = {
+    "local": ["save", "step", "step"],
+    "fsdp_dp2_ray": ["save", "step", "worker"],
+    "one_step_off": ["save", "step", "worker"],
+}
 
 
 def _cmd(out: Path, mode: str) -> list[str]:
@@ -75,20 +80,35 @@ def _saving(root: Path) -> bool:
     return root.is_dir() and any(".tmp-" in name or ".old-" in name for name in os.listdir(root))
 
 
-def _kill_at(proc: subprocess.Popen, run: Path, rng: random.Random) -> str:
-    """SIGKILL `proc` at a moment drawn from `rng`: inside a checkpoint save, or some time into a step after a
-    drawn number of further steps. Returns where it aimed, or "finished" when the run ended first."""
+def _workers(driver: int) -> list[int]:
+    """The Ray worker processes under `driver` (Ray names each after its actor's class)."""
+    return sorted(p for p in descendants(driver) if cmdline(p).startswith("ray::") and cmdline(p).endswith("Worker"))
+
+
+def _kill_at(proc: subprocess.Popen, run: Path, rng: random.Random, aims: list[str]) -> str:
+    """SIGKILL `proc` (or, aiming at a "worker", one of its Ray workers) at a moment drawn from `rng`: inside a
+    checkpoint save, or some time into a step after a drawn number of further steps. Returns where it aimed, or
+    "finished" when the run ended first."""
     done = len(_logged(run))
-    aim = rng.choice(["save", "step", "step"])
+    aim = rng.choice(aims)
     after, delay = rng.randint(0, 2), rng.uniform(0.0, 0.3)
     root = run / "checkpoints"
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:
-        if len(_logged(run)) >= done + after and (aim == "step" or _saving(root)):
-            if aim == "step":
+        if len(_logged(run)) >= done + after and (aim != "save" or _saving(root)):
+            if aim != "save":
                 time.sleep(delay)
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
+            if aim == "worker" and (workers := _workers(proc.pid)):
+                os.kill(rng.choice(workers), signal.SIGKILL)
+                try:  # the driver notices, names the worker and stops by itself
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    raise AssertionError("the run went on for 60 s after one of its workers was killed") from None
+                assert proc.returncode != 0, "a run whose worker was killed ended as if it had finished"
+            else:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
             return f"{aim} (after {len(_logged(run))} steps logged)"
         time.sleep(0.001)
     assert proc.poll() is not None, "the run neither finished nor reached its kill point within 300 s"
@@ -100,7 +120,7 @@ def _results(rows: list[dict]) -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    "mode, seed", [("local", 0), ("local", 1), ("fsdp_dp2_ray", 1), ("one_step_off", 1)], ids=lambda v: str(v)
+    "mode, seed", [("local", 0), ("local", 1), ("fsdp_dp2_ray", 3), ("one_step_off", 3)], ids=lambda v: str(v)
 )
 def test_killed_anywhere_and_resumed_equals_the_straight_run(tmp_path, embedded_cache, mode, seed):  # noqa: F811
     env = _env(embedded_cache)
@@ -109,11 +129,11 @@ def test_killed_anywhere_and_resumed_equals_the_straight_run(tmp_path, embedded_
     assert done.returncode == 0, done.stderr[-3000:]
 
     run, rng, kills, drivers = tmp_path / "killed", random.Random(seed), [], []
-    for _ in range(KILLS[mode]):
+    for _ in range(3):
         with open(tmp_path / f"killed-{len(kills)}.stderr", "w") as err:  # a file: a pipe could fill up
             proc = subprocess.Popen(_cmd(run, mode), env=env, stdout=subprocess.DEVNULL, stderr=err)
             drivers.append(proc.pid)
-            where = _kill_at(proc, run, rng)
+            where = _kill_at(proc, run, rng, AIMS[mode])
         if where == "finished":
             assert proc.returncode == 0, (tmp_path / f"killed-{len(kills)}.stderr").read_text()[-3000:]
             break
