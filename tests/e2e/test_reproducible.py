@@ -1,5 +1,6 @@
-"""A seeded run repeats bit for bit on one machine and software at one torch thread per worker: grpo_tiny twice,
-the same weights and every logged metric (timings and throughput aside)."""
+"""A seeded run repeats bit for bit on one machine and software at one torch thread per worker: each kind of run
+twice, the same weights and every logged metric (timings and throughput aside): grpo_tiny in-process, the megatron
+recipe (TP=2 over two Ray workers) and the disaggregated one_step_off recipe (the rollout on a worker of its own)."""
 
 from __future__ import annotations
 
@@ -18,16 +19,24 @@ def _cache(embedded_cache, monkeypatch):  # noqa: F811
     monkeypatch.setenv("VERL_CACHE", embedded_cache)
 
 
-def test_grpo_tiny_repeats_bit_for_bit_at_one_thread(tmp_path):
+RUNS = {
+    "grpo_tiny": ("trainer.controller=local",),
+    "grpo_tiny_megatron": ("rollout.n=2",),
+    "grpo_tiny_async": ("rollout.n=4",),
+}
+
+
+@pytest.mark.parametrize("recipe", list(RUNS))
+def test_a_seeded_run_repeats_bit_for_bit_at_one_thread(tmp_path, recipe):
     from safetensors.torch import load_file
 
     runs = []
     for name in ("first", "second"):
         out = tmp_path / name
         cfg = tiny_config(
-            "grpo_tiny",
+            recipe,
             str(out),
-            "trainer.controller=local",
+            *RUNS[recipe],
             "placement.threads_per_worker=1",
             "checkpoint.save_hf=true",
             ODD_LENGTH_REWARD,  # spread: every step moves the weights
