@@ -20,7 +20,7 @@ from verl import engine_skeleton as parts
 from verl.engine_protocol import EngineConfig, LossFn, Metrics, TrainEngine
 from verl.protocol import DataProto
 from verl.utils.offload import Away, empty_device_cache, optimizer_state_tensors
-from verl.utils.shared_prefix import attention_weight_of, pack_shared_prefixes
+from verl.utils.shared_prefix import attention_weight_of, pack_shared_prefixes, take_positions
 from verl_megatron import cpu_compat, torch_adam_fix
 from verl_megatron.context_parallel import chunk_positions, local_index, sum_over_group
 from verl_megatron.convert import PipelineSplit, SafetensorsFolder, dims_of, plan
@@ -213,14 +213,14 @@ class MegatronEngine:
     ) -> Dict[str, torch.Tensor]:
         """Per-token outputs aligned with `responses` from the last stage's hidden states [b, s, h]."""
         if self.layout.cp == 1:
-            h = hidden[mb["hidden_row"], mb["predict_index"]]  # [B, R, h]
+            h = take_positions(hidden, mb["hidden_row"], mb["predict_index"])  # [B, R, h]
             return _zero_past(self._head(model, h, mb["labels"], temperature, entropy, entropy_grad), mb)
         from megatron.core import parallel_state as mpu
 
         # This rank predicts the response tokens whose predicting position it holds; the group sums the pieces.
         where = mb["local_index"]
         rows, cols = (where >= 0).nonzero(as_tuple=True)
-        h = hidden[mb["hidden_row"][rows, cols], where[rows, cols]][None]
+        h = take_positions(hidden, mb["hidden_row"][rows, cols], where[rows, cols])[None]
         local = self._head(model, h, mb["labels"][rows, cols][None], temperature, entropy, entropy_grad)
         group = mpu.get_context_parallel_group()
         full = {}

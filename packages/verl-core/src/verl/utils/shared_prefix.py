@@ -48,9 +48,18 @@ class PrefixPack:
 
     def gather(self, per_position: torch.Tensor) -> torch.Tensor:
         """[G, L, ...] outputs of the packed batch -> [B, R, ...] aligned with `responses` (0 past the response)."""
-        out = per_position[self.rows, self.cols]
+        out = take_positions(per_position, self.rows, self.cols)
         valid = self.valid.view(*self.valid.shape, *([1] * (out.dim() - 2)))
         return out * valid.to(out.dtype)
+
+
+def take_positions(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """`x[rows, cols]` for x [G, L, ...], by index_select: the same values, and a backward that adds up the gradients
+    of a position taken several times (a prompt's last token predicts every sample's first response token) in a fixed
+    order. Advanced indexing's backward (index_put_ with accumulate) adds them in an order that depends on the
+    threads on CPU, which made two seeded runs at 2 threads part after a few steps."""
+    flat = (rows * x.shape[1] + cols).reshape(-1)
+    return x.flatten(0, 1).index_select(0, flat).view(*rows.shape, *x.shape[2:])
 
 
 def attention_weight_of(config) -> float:
