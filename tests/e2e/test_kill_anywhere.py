@@ -43,12 +43,14 @@ MODES = {
     "local": ("grpo_tiny", ("trainer.controller=local",)),
     "fsdp_dp2_ray": ("grpo_tiny", ("trainer.controller=ray", "placement.devices_per_node=2")),
     "one_step_off": ("grpo_tiny_async", ("trainer.controller=ray",)),
+    "megatron_tp2": ("grpo_tiny_megatron", ()),  # TP=2 over two Ray workers: a distributed checkpoint
 }
 # Where kills aim: the driver inside a step or a save, and under Ray one of its workers too.
 AIMS = {
     "local": ["save", "step", "step"],
     "fsdp_dp2_ray": ["save", "step", "worker"],
     "one_step_off": ["save", "step", "worker"],
+    "megatron_tp2": ["save", "step", "worker"],
 }
 
 
@@ -120,7 +122,9 @@ def _results(rows: list[dict]) -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    "mode, seed", [("local", 0), ("local", 1), ("fsdp_dp2_ray", 3), ("one_step_off", 3)], ids=lambda v: str(v)
+    "mode, seed",
+    [("local", 0), ("local", 1), ("fsdp_dp2_ray", 3), ("one_step_off", 3), ("megatron_tp2", 3)],
+    ids=lambda v: str(v),
 )
 def test_killed_anywhere_and_resumed_equals_the_straight_run(tmp_path, embedded_cache, mode, seed):  # noqa: F811
     env = _env(embedded_cache)
