@@ -236,8 +236,29 @@ def test_sequence_parallel_is_megatrons_and_needs_tensor_parallelism():
 
 @pytest.mark.parametrize("base", [MEGATRON8, {"placement": {"devices_per_node": 8}}], ids=["megatron", "fsdp"])
 def test_expert_parallel_is_refused_without_moe_models(base):
-    p = only(check(base, {"actor": {"parallel": {"ep": 2}}}))
+    p = only(check(base, {"model": {"path": "embedded:tiny-llama"}, "actor": {"parallel": {"ep": 2}}}))
     assert p.key == "actor.parallel.ep" and "dense models" in p.message and p.fix == "set actor.parallel.ep=1"
+
+
+def _moe_folder(path, experts: int = 8) -> str:
+    path.mkdir()
+    (path / "config.json").write_text(f'{{"model_type": "qwen3_moe", "num_experts": {experts}}}')
+    return str(path)
+
+
+def test_expert_parallel_is_megatrons_and_must_divide_the_experts_and_the_stage(tmp_path):
+    moe = {"model": {"path": _moe_folder(tmp_path / "moe", experts=6)}}
+    assert not errors(check(MEGATRON8, moe, {"actor": {"parallel": {"ep": 2}}}))
+    p = only(check({"placement": {"devices_per_node": 8}}, moe, {"actor": {"parallel": {"ep": 2}}}))
+    assert "megatron's" in p.message and p.fix == "set actor.backend=megatron"
+    p = only(check(MEGATRON8, moe, {"actor": {"parallel": {"ep": 4}}}))
+    assert p.key == "actor.parallel.ep" and "does not divide the model's 6 experts" in p.message
+    p = only(check(MEGATRON8, moe, {"actor": {"parallel": {"tp": 2, "etp": 2, "ep": 3}}}))  # 12 over 8 ranks
+    assert "does not divide" in p.message
+
+
+def test_expert_parallel_of_a_model_not_on_this_machine_is_left_to_the_engine():
+    assert not errors(check(MEGATRON8, {"actor": {"parallel": {"ep": 2}}}))
 
 
 @pytest.mark.parametrize("axis", ["tp", "pp", "cp"])

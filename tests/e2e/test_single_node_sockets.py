@@ -58,8 +58,9 @@ def test_a_ray_run_opens_nothing_beyond_ray_on_the_node_address(tmp_path, ray_th
         summary, rows = fit(cfg)
     assert summary["steps"] == 2 and rows[-1]["perf/weight_sync_bytes"] > 0  # weights went over the transfer group
 
-    # The project's worker processes (Ray names each after its actor's class): the actor's and the rollout's.
-    workers = {pid: command for pid, command in sampler.commands.items() if command.startswith("ray::")}
+    # The project's worker processes (Ray names each after its actor's class, and "ray::Class.method" while a
+    # call runs, which a sample can catch): the actor's and the rollout's.
+    workers = {pid: command.split(".")[0] for pid, command in sampler.commands.items() if command.startswith("ray::")}
     workers = {pid: command for pid, command in workers.items() if command.endswith("Worker")}
     assert sorted(workers.values()) == ["ray::ActorRolloutRefWorker", "ray::RolloutWorker"], sampler.commands
     for pid in sorted(workers):

@@ -139,3 +139,16 @@ def test_grad_clipping_accepts_cpu_gradients(megatron_world_one):
     clip_grads.clip_grad_by_total_norm_fp32([p], max_norm=1.0, total_norm=5.0)
     # Scaled by max_norm / (total_norm + 1e-6) = 1 / 5.000001.
     torch.testing.assert_close(p.grad, torch.tensor([3.0, 4.0]) / 5.000001)
+
+
+def test_moe_split_sizes_become_numpy_on_the_cpu_as_on_cuda(megatron_world_one):
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    splits = torch.tensor([3, 1])
+    for module in (moe_utils, token_dispatcher):  # the dispatcher imported the function by name
+        assert module.maybe_move_tensor_to_cpu(splits, as_numpy=True).tolist() == [3, 1]
+        assert module.maybe_move_tensor_to_cpu(splits) is splits
+    stream = token_dispatcher.torch.cuda.Stream()  # the dispatcher's side stream: a no-op on the CPU
+    with token_dispatcher.torch.cuda.stream(stream):
+        stream.wait_stream(token_dispatcher.torch.cuda.current_stream())
+    assert stream.record_event() is not None

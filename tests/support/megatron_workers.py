@@ -14,13 +14,33 @@ from verl.protocol import DataProto
 from verl.workers.setup import quiet_libraries, set_threads
 
 
+# Mixtures of experts: 4 experts, top 2 (qwen3_moe: one dense layer among the routed ones, as mlp_only_layers).
+MOE_SETTINGS: Dict[str, Dict[str, Any]] = {
+    "qwen3_moe": dict(
+        head_dim=6, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8, norm_topk_prob=True,
+        mlp_only_layers=[1],
+    ),
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
+}
+
+
 def random_model_dir(
-    path: str, model_type: str, *, tie: bool, layers: int = 4, vocab: int = 37, seed: int = 0, hidden: int = 16
+    path: str,
+    model_type: str,
+    *,
+    tie: bool,
+    layers: int = 4,
+    vocab: int = 37,
+    seed: int = 0,
+    hidden: int = 16,
+    **overrides: Any,
 ) -> str:
-    """A random Llama / Qwen2 / Qwen3 saved as an HF folder (GQA: 4 heads over 2 kv groups)."""
+    """A random Llama / Qwen2 / Qwen3 (or Qwen3-MoE / Mixtral, `MOE_SETTINGS`) saved as an HF folder (GQA: 4 heads
+    over 2 kv groups); `overrides` go to the config."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    extra = {"head_dim": 6} if model_type == "qwen3" else {}  # qwen3 sets head_dim apart from hidden/heads
+    extra: Dict[str, Any] = {"head_dim": 6} if model_type == "qwen3" else {}  # head_dim apart from hidden/heads
+    extra.update(MOE_SETTINGS.get(model_type, {}), **overrides)
     cfg = AutoConfig.for_model(
         model_type,
         vocab_size=vocab,
@@ -101,7 +121,8 @@ def check_log_probs(results: list, path: str, batch: DataProto, atol: float = LO
 
 
 def _parallel(parallel: Dict[str, Any]) -> types.SimpleNamespace:
-    return types.SimpleNamespace(**{"tp": 1, "pp": 1, "vpp": None, "cp": 1, "ep": 1, "dp": None, **parallel})
+    defaults = {"tp": 1, "pp": 1, "vpp": None, "cp": 1, "ep": 1, "etp": None, "dp": None}
+    return types.SimpleNamespace(**{**defaults, **parallel})
 
 
 class EngineWorker(Worker):

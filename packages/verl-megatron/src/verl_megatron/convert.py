@@ -10,6 +10,10 @@ is put back (`to_hf`):
   qkv        q/k/v_proj (GQA)                             per query group [its q heads; k; v]; groups split over tp
   glu        gate/up_proj                                 each rank holds [gate shard; up shard]
 
+A mixture-of-experts layer (`verl_megatron.moe`) has a replicated router and, per expert, a `glu` fc1 and a `row`
+fc2 that are split over the expert tensor-parallel group (`axis="etp"`) and live on one expert-parallel rank:
+global expert e sits on EP rank e // (experts / ep) as its local expert e % (experts / ep).
+
 `plan()` lists where every tensor of a model lives (pipeline rank, virtual stage, name in the chunk) in HF order;
 the engine loads, exports and streams weights through it. Round trips are exact: only slicing, concatenation
 and zero padding happen, never arithmetic.
@@ -24,6 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from verl_megatron import moe
 from verl_megatron.hf_config import architecture, head_dim, padded_vocab_size
 
 Tensor = torch.Tensor
@@ -139,6 +144,7 @@ class Rule:
     hf: Tuple[str, ...]  # HF names; "{layer}" is the global layer index
     kind: str  # a SHARDING key
     when: str = "always"  # a CONDITIONS key: which models have this tensor
+    axis: str = "tp"  # the tensor-parallel group that splits it: "tp", or "etp" for an expert's weights
 
     def to_mcore(self, hf: List[Tensor], rank: int, tp: int, d: Dims) -> Tensor:
         return SHARDING[self.kind][0](hf, rank, tp, d)
@@ -206,7 +212,24 @@ VALUE_HEAD = (
     Rule("value_head.bias", ("score.bias",), "replicate"),
 )
 
-# TransformerEngine's layer spec fuses the pre-attention and pre-MLP norms into the following linear layer.
+DENSE_MLP = ("decoder.layers.{layer}.mlp.linear_fc1.weight", "decoder.layers.{layer}.mlp.linear_fc2.weight")
+
+
+def moe_rules(hf_config: Any, te: bool) -> Tuple[Rule, ...]:
+    """A routed layer's MLP: the router, then one expert's fc1 and fc2 ("{expert}": local index in mcore names,
+    global in HF names). TransformerEngine's grouped GEMM keeps a layer's experts as weight0, weight1, ..."""
+    gate, up, down = moe.expert_hf_names(hf_config, 0, 0)
+    hf = lambda name: name.replace("layers.0.", "layers.{layer}.").replace("experts.0.", "experts.{expert}.")
+    fc = "decoder.layers.{layer}.mlp.experts." + ("{fc}.weight{expert}" if te else "local_experts.{expert}.{fc}.weight")
+    return (
+        Rule("decoder.layers.{layer}.mlp.router.weight", (hf(moe.router_hf_name(hf_config, 0)),), "replicate"),
+        Rule(fc.replace("{fc}", "linear_fc1"), (hf(gate), hf(up)), "glu", axis="etp"),
+        Rule(fc.replace("{fc}", "linear_fc2"), (hf(down),), "row", axis="etp"),
+    )
+
+
+# TransformerEngine's layer spec fuses the pre-attention and pre-MLP norms into the following linear layer
+# (not the pre-MLP norm of a routed layer: its router and experts each read the normed input).
 TE_NAMES = {
     "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
     "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
@@ -223,10 +246,12 @@ class Placement:
     vp_stage: int
     local_name: str  # the parameter's name inside its model chunk
     mirror: bool = False  # a copy kept in sync by megatron (tied output layer on the last stage): load, never export
+    expert: Optional[int] = None  # global expert index (an expert's weight)
+    ep_rank: Optional[int] = None  # the expert-parallel rank holding it (None: every one)
 
     @property
     def hf_names(self) -> Tuple[str, ...]:
-        return tuple(n.format(layer=self.layer) for n in self.rule.hf)
+        return tuple(n.format(layer=self.layer, expert=self.expert) for n in self.rule.hf)
 
 
 @dataclass(frozen=True)
@@ -262,24 +287,40 @@ class PipelineSplit:
         return self.pp - 1, self.vpp - 1
 
 
-def _te_name(name: str, te: bool) -> str:
+def _te_name(name: str, te: bool, routed: bool = False) -> str:
     if not te:
         return name
     for local, fused in TE_NAMES.items():
-        if name.endswith("." + local):
+        if name.endswith("." + local) and not (routed and local.startswith("pre_mlp")):
             return name[: -len(local)] + fused
     return name
 
 
-def plan(hf_config: Any, split: PipelineSplit, *, kind: str = "causal_lm", te: bool = False) -> List[Placement]:
-    """Every megatron tensor of the model in HF order (embedding, layers, final norm, head)."""
+def plan(
+    hf_config: Any, split: PipelineSplit, *, kind: str = "causal_lm", te: bool = False, ep: int = 1
+) -> List[Placement]:
+    """Every megatron tensor of the model in HF order (embedding, layers, final norm, head); a routed layer's
+    experts are listed for all `ep` expert-parallel ranks, each placement naming the one that holds it."""
     tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+    routed = moe.moe_layers(hf_config) if moe.is_moe(hf_config) else [False] * split.num_layers
+    experts = moe.num_experts(hf_config) if moe.is_moe(hf_config) else 0
+    if experts % ep:
+        raise ValueError(f"{experts} experts do not split over parallel.ep={ep}; choose an ep dividing {experts}")
     out: List[Placement] = [Placement(EMBEDDING, None, *split.first(), EMBEDDING.mcore)]
     for layer in range(split.num_layers):
         pp_rank, vp_stage, local = split.where(layer)
         for rule in LAYER_RULES:
-            if CONDITIONS[rule.when](hf_config):
-                out.append(Placement(rule, layer, pp_rank, vp_stage, _te_name(rule.mcore.format(layer=local), te)))
+            if CONDITIONS[rule.when](hf_config) and not (routed[layer] and rule.mcore in DENSE_MLP):
+                name = _te_name(rule.mcore.format(layer=local), te, routed[layer])
+                out.append(Placement(rule, layer, pp_rank, vp_stage, name))
+        if routed[layer]:
+            router, *expert_rules = moe_rules(hf_config, te)
+            out.append(Placement(router, layer, pp_rank, vp_stage, router.mcore.format(layer=local)))
+            per_rank = experts // ep
+            for e in range(experts):
+                for rule in expert_rules:
+                    name = rule.mcore.format(layer=local, expert=e % per_rank)
+                    out.append(Placement(rule, layer, pp_rank, vp_stage, name, expert=e, ep_rank=e // per_rank))
     out.append(Placement(FINAL_NORM, None, *split.last(), FINAL_NORM.mcore))
     if kind == "value":
         out += [Placement(rule, None, *split.last(), rule.mcore) for rule in VALUE_HEAD]
@@ -290,9 +331,15 @@ def plan(hf_config: Any, split: PipelineSplit, *, kind: str = "causal_lm", te: b
     return out
 
 
-def local_placements(placements: Sequence[Placement], pp_rank: int, vp_stage: int) -> Dict[str, Placement]:
-    """The placements of one model chunk, by parameter name."""
-    return {p.local_name: p for p in placements if p.pp_rank == pp_rank and p.vp_stage == vp_stage}
+def local_placements(
+    placements: Sequence[Placement], pp_rank: int, vp_stage: int, ep_rank: int = 0
+) -> Dict[str, Placement]:
+    """The placements of one model chunk (on expert-parallel rank `ep_rank`), by parameter name."""
+    return {
+        p.local_name: p
+        for p in placements
+        if p.pp_rank == pp_rank and p.vp_stage == vp_stage and p.ep_rank in (None, ep_rank)
+    }
 
 
 # ---- reading Hugging Face safetensors --------------------------------------------------------------------------

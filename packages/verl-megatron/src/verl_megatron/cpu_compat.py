@@ -4,7 +4,8 @@ megatron-core calls CUDA unconditionally in a handful of places. `apply()` route
 and does nothing when CUDA is available (GPU runs use megatron exactly as shipped). What it changes:
 
 1. `torch.cuda` as megatron's modules see it (`CUDA_MODULES`): `current_device()` is the CPU; RNG state,
-   `manual_seed`, `synchronize` and `empty_cache` act on the CPU generator or do nothing. Megatron's modules
+   `manual_seed`, `synchronize` and `empty_cache` act on the CPU generator or do nothing; streams and events
+   (the MoE token dispatcher's side stream) are no-ops, CPU work being ordered already. Megatron's modules
    get a stand-in for the name `torch` in their globals; `torch` itself is untouched for everyone else.
 2. Tensor factories those modules call with `device="cuda"` (schedules, grad clipping, masks) build CPU tensors,
    and their `pin_memory=True` (context parallelism's RoPE slice) is dropped.
@@ -13,6 +14,9 @@ and does nothing when CUDA is available (GPU runs use megatron exactly as shippe
 4. `Tensor.type()` checks against 'torch.cuda.FloatTensor' (distributed optimizer, grad clipping) and
    `Tensor.cuda()` (tied-embedding setup across pipeline stages, the context-parallel RoPE slice): inside those functions only
    (`TENSOR_SHIMMED`), a CPU tensor reports its CUDA type name and `.cuda()` leaves it where it is.
+
+5. The MoE token dispatcher's `maybe_move_tensor_to_cpu(..., as_numpy=True)` turns only CUDA tensors into the
+   numpy split sizes that `all_to_all_single` takes; on the CPU the split sizes become numpy arrays too.
 
 Each behaviour has a test in tests/megatron/test_cpu_compat.py. (Sequence parallelism needs no patch here: its
 norms are the model's own, `verl_megatron.model.TorchNorm`, and gloo has every collective it uses.)
@@ -55,6 +59,11 @@ CUDA_MODULES = (
     "megatron.core.optimizer.optimizer",
     "megatron.core.optimizer.distrib_optimizer",
     "megatron.core.optimizer.clip_grads",
+    "megatron.core.transformer.moe.router",
+    "megatron.core.transformer.moe.moe_utils",
+    "megatron.core.transformer.moe.token_dispatcher",
+    "megatron.core.transformer.moe.experts",
+    "megatron.core.transformer.moe.moe_layer",
 )
 
 # (module, attribute path) of functions that check `tensor.type()` against CUDA names or call `tensor.cuda()`.
@@ -102,6 +111,35 @@ def _set_cpu_rng_state(state: torch.Tensor, *args: Any, **kwargs: Any) -> None:
     torch.set_rng_state(state)
 
 
+def _to_cpu(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+    """megatron's moe_utils.maybe_move_tensor_to_cpu for tensors already on the CPU."""
+    if as_numpy and torch.is_tensor(tensor):
+        return tensor.numpy()
+    return tensor
+
+
+class CpuStream:
+    """A CUDA stream (or event) on the CPU: work is already ordered, so waits and records do nothing."""
+
+    def wait_stream(self, other: Any) -> None:
+        return None
+
+    def wait_event(self, event: Any) -> None:
+        return None
+
+    def record_event(self, event: Any = None) -> "CpuStream":
+        return self
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
+_CPU_STREAM = CpuStream()
+
+
 class CpuCuda(types.ModuleType):
     """`torch.cuda` as megatron's modules see it on a CPU machine; anything not listed is the real one."""
 
@@ -113,6 +151,11 @@ class CpuCuda(types.ModuleType):
         self.manual_seed = torch.manual_seed
         self.synchronize = _noop
         self.empty_cache = _noop
+        # The MoE token dispatcher overlaps its device-to-host copies on a side stream.
+        self.Stream = lambda *args, **kwargs: CpuStream()
+        self.Event = lambda *args, **kwargs: CpuStream()
+        self.current_stream = lambda *args, **kwargs: _CPU_STREAM
+        self.stream = lambda stream=None: contextlib.nullcontext()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(torch.cuda, name)
@@ -207,6 +250,8 @@ def apply(force: bool = False) -> bool:
     random = importlib.import_module("megatron.core.tensor_parallel.random")
     random._get_cuda_rng_state = _cpu_rng_state
     random._set_cuda_rng_state = _set_cpu_rng_state
+    for name in ("megatron.core.transformer.moe.moe_utils", "megatron.core.transformer.moe.token_dispatcher"):
+        importlib.import_module(name).maybe_move_tensor_to_cpu = _to_cpu
     for module, path in TENSOR_SHIMMED:
         owner, attr = _resolve(module, path)
         raw = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)

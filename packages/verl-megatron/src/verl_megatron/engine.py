@@ -85,7 +85,7 @@ class MegatronEngine:
         chunks = build_chunks(self.hf_config, self.config, layout, kind=cfg.kind, te=self.te, seed=cfg.seed)
         self.dims = dims_of(self.hf_config, layout.tp)
         split = PipelineSplit(self.hf_config.num_hidden_layers, layout.pp, layout.chunks)
-        self.placements = plan(self.hf_config, split, kind=cfg.kind, te=self.te)
+        self.placements = plan(self.hf_config, split, kind=cfg.kind, te=self.te, ep=layout.ep)
         self.fresh: List[str] = []  # HF tensors not in model_path (a critic's new value head)
         if weights_from == "hf":
             folder = SafetensorsFolder(cfg.model_path)

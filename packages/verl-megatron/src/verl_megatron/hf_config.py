@@ -1,7 +1,8 @@
 """A Hugging Face model config read as megatron-core's: TransformerConfig fields and GPTModel arguments.
 
 Supported architectures are listed in `ARCHITECTURES` (Llama, Qwen2, Qwen3: GQA, RoPE, RMSNorm, SwiGLU, tied or
-untied embeddings, qkv bias, qk-norm); anything they cannot express raises a ValueError naming the config key.
+untied embeddings, qkv bias, qk-norm; and the mixtures of experts Qwen3-MoE and Mixtral, see `verl_megatron.moe`);
+anything they cannot express raises a ValueError naming the config key.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Any, Callable, Dict
 
 import torch.nn.functional as F
 
+from verl_megatron.moe import moe_config_kwargs, moe_problems
+
 
 @dataclass(frozen=True)
 class Architecture:
@@ -20,12 +23,15 @@ class Architecture:
     qkv_bias: Callable[[Any], bool]  # bias on q/k/v projections (and only there)
     qk_norm: bool  # RMSNorm on each head's queries and keys (Qwen3)
     o_bias_key: str | None  # HF key that would also put a bias on o_proj/MLP (megatron: add_bias_linear)
+    moe: bool = False  # mixture-of-experts MLPs (verl_megatron.moe describes the family)
 
 
 ARCHITECTURES: Dict[str, Architecture] = {
     "llama": Architecture(qkv_bias=lambda c: False, qk_norm=False, o_bias_key="attention_bias"),
     "qwen2": Architecture(qkv_bias=lambda c: True, qk_norm=False, o_bias_key=None),
     "qwen3": Architecture(qkv_bias=lambda c: False, qk_norm=True, o_bias_key="attention_bias"),
+    "qwen3_moe": Architecture(qkv_bias=lambda c: False, qk_norm=True, o_bias_key="attention_bias", moe=True),
+    "mixtral": Architecture(qkv_bias=lambda c: False, qk_norm=False, o_bias_key=None, moe=True),
 }
 
 # HF rope_type -> how megatron's RotaryEmbedding expresses it.
@@ -77,8 +83,10 @@ def check_supported(hf_config: Any) -> Architecture:
         problems.append(f"{arch.o_bias_key}=true (a bias on o_proj)")
     if getattr(hf_config, "use_sliding_window", False):
         problems.append("use_sliding_window=true")
-    if getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None):
-        problems.append("mixture-of-experts layers")
+    if not arch.moe and (getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None)):
+        problems.append("mixture-of-experts layers in a dense model type")
+    if arch.moe:
+        problems += moe_problems(hf_config)
     if problems:
         raise ValueError(
             f"{hf_config.model_type} config: {'; '.join(problems)} is not supported by the megatron backend"
@@ -95,6 +103,9 @@ def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = 1) -> int:
 def transformer_config_kwargs(hf_config: Any) -> Dict[str, Any]:
     """The model-shape fields of megatron's TransformerConfig (parallel and precision fields come from the engine)."""
     arch = check_supported(hf_config)
+    moe: Dict[str, Any] = {}
+    if arch.moe:
+        moe = moe_config_kwargs(hf_config)
     return dict(
         num_layers=hf_config.num_hidden_layers,
         hidden_size=hf_config.hidden_size,
@@ -112,6 +123,7 @@ def transformer_config_kwargs(hf_config: Any) -> Dict[str, Any]:
         hidden_dropout=0.0,
         attention_dropout=0.0,
         init_method_std=getattr(hf_config, "initializer_range", 0.02),
+        **moe,
     )
 
 

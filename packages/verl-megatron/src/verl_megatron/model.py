@@ -17,6 +17,7 @@ from megatron.core.transformer import TransformerConfig
 from megatron.core.transformer.module import MegatronModule
 
 from verl_megatron.hf_config import gpt_model_kwargs, transformer_config_kwargs
+from verl_megatron.moe import define_missing_te_names, moe_config_kwargs
 from verl_megatron.parallel import Layout
 
 KINDS = ("causal_lm", "value")
@@ -27,16 +28,21 @@ def transformer_engine_available(device: str) -> bool:
     return device != "cpu" and importlib.util.find_spec("transformer_engine") is not None
 
 
-def layer_spec(hf_config: Any, te: bool):
-    """megatron's GPT layer spec: TransformerEngine's fused layers, or the local (pure torch) ones."""
-    qk_norm = transformer_config_kwargs(hf_config)["qk_layernorm"]
+def layer_spec(hf_config: Any, te: bool, *, moe: bool = False):
+    """megatron's GPT layer spec: TransformerEngine's fused layers, or the local (pure torch) ones; `moe`: the
+    layer's MLP is the model's mixture of experts (grouped GEMM experts with TransformerEngine, else one MLP each)."""
+    kwargs = transformer_config_kwargs(hf_config)
+    qk_norm = kwargs["qk_layernorm"]
+    experts = kwargs.get("num_moe_experts") if moe else None
     if te:
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
-        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_norm)
+        return get_gpt_layer_with_transformer_engine_spec(
+            num_experts=experts, moe_grouped_gemm=experts is not None, qk_layernorm=qk_norm
+        )
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    return get_gpt_layer_local_spec(qk_layernorm=qk_norm, normalization="RMSNorm")
+    return get_gpt_layer_local_spec(num_experts=experts, qk_layernorm=qk_norm, normalization="RMSNorm")
 
 
 class TorchNorm:
@@ -72,29 +78,43 @@ def block_spec(hf_config: Any, config: TransformerConfig, te: bool, vp_stage: Op
         TransformerBlockSubmodules,
         get_num_layers_to_build,
     )
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     from verl_megatron.context_parallel import AllGatherContextAttention
     from verl_megatron.thd_attention import ThdLocalAttention
 
-    spec = copy.deepcopy(layer_spec(hf_config, te))
-    final_norm = LayerNormImpl
-    if not te:
-        layer, attention = spec.submodules, spec.submodules.self_attention.submodules
-        for owner, name in (
-            (layer, "input_layernorm"),
-            (layer, "pre_mlp_layernorm"),
-            (attention, "q_layernorm"),
-            (attention, "k_layernorm"),
-        ):
-            if getattr(owner, name) not in (None, IdentityOp):
-                setattr(owner, name, TorchNorm)
-        final_norm = TorchNorm
-        if config.context_parallel_size > 1:
-            attention.core_attention = AllGatherContextAttention
-        else:  # also takes the packed THD layout (TransformerEngine's attention does on GPU)
-            attention.core_attention = ThdLocalAttention
+    def local(spec):
+        spec = copy.deepcopy(spec)
+        if not te:
+            layer, attention = spec.submodules, spec.submodules.self_attention.submodules
+            for owner, name in (
+                (layer, "input_layernorm"),
+                (layer, "pre_mlp_layernorm"),
+                (attention, "q_layernorm"),
+                (attention, "k_layernorm"),
+            ):
+                if getattr(owner, name) not in (None, IdentityOp):
+                    setattr(owner, name, TorchNorm)
+            if config.context_parallel_size > 1:
+                attention.core_attention = AllGatherContextAttention
+            else:  # also takes the packed THD layout (TransformerEngine's attention does on GPU)
+                attention.core_attention = ThdLocalAttention
+        return spec
+
+    dense = local(layer_spec(hf_config, te))
+    routed = local(layer_spec(hf_config, te, moe=True)) if config.num_moe_experts else None
+    offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
     layers = get_num_layers_to_build(config, vp_stage=vp_stage)
-    return TransformerBlockSubmodules(layer_specs=[spec] * layers, layer_norm=final_norm)
+    specs = [routed if is_moe_layer(config, offset + i) else dense for i in range(layers)]
+    return TransformerBlockSubmodules(layer_specs=specs, layer_norm=LayerNormImpl if te else TorchNorm)
+
+
+def is_moe_layer(config: TransformerConfig, layer: int) -> bool:
+    """Whether global layer `layer` routes to experts (config.moe_layer_freq: a 0/1 list per layer here)."""
+    freq = config.moe_layer_freq
+    if not config.num_moe_experts:
+        return False
+    return bool(freq[layer]) if isinstance(freq, list) else layer % freq == 0
 
 
 def transformer_config(
@@ -105,15 +125,23 @@ def transformer_config(
     device: str,
     sequence_parallel: bool = False,
     gradient_checkpointing: bool = False,
+    moe_aux_loss_coeff: float = 0.0,
     overrides: Optional[Dict[str, Any]] = None,
 ) -> TransformerConfig:
     """Model shape from the HF config; parallel sizes from the layout; fusions only where their kernels exist."""
     on_gpu = device != "cpu"
-    kwargs = transformer_config_kwargs(hf_config)  # refuses mixture-of-experts models
-    if layout.ep > 1:
+    kwargs = transformer_config_kwargs(hf_config)  # refuses what does not convert, by config key
+    moe = "num_moe_experts" in kwargs
+    if not moe and (layout.ep > 1 or layout.etp not in (None, layout.tp)):
         raise ValueError(
             f"parallel.ep={layout.ep}: expert parallelism splits mixture-of-experts layers, and this "
             f"{hf_config.model_type} model has none; set parallel.ep=1"
+        )
+    if moe:
+        kwargs.update(moe_config_kwargs(hf_config, aux_loss_coeff=moe_aux_loss_coeff))
+        kwargs.update(
+            expert_tensor_parallel_size=layout.etp or layout.tp,
+            moe_grouped_gemm=on_gpu and transformer_engine_available(device),
         )
     kwargs.update(
         tensor_model_parallel_size=layout.tp,
@@ -206,6 +234,8 @@ def build_chunks(
 
     if kind not in KINDS:
         raise ValueError(f"model kind '{kind}' is not one of {', '.join(KINDS)}")
+    if config.num_moe_experts:
+        define_missing_te_names()
     model_kwargs = gpt_model_kwargs(hf_config, layout.tp)
     if kind == "value":  # no output layer to tie to the embedding
         model_kwargs["share_embeddings_and_output_weights"] = False

@@ -20,6 +20,9 @@ class Layout:
     pp_rank: int
     cp_rank: int
     dp_rank: int
+    etp: int = 1  # expert tensor parallelism (MoE layers' experts; megatron's default: tp)
+    ep_rank: int = 0
+    etp_rank: int = 0
 
     @property
     def chunks(self) -> int:
@@ -44,7 +47,8 @@ def _sizes(parallel: Any, world_size: int) -> dict:
 
     layout = parallel
     if not isinstance(parallel, PlanLayout):
-        wanted = {a: getattr(parallel, a, None) for a in ("tp", "pp", "cp", "ep", "dp", "vpp", "sequence_parallel")}
+        axes = ("tp", "pp", "cp", "ep", "etp", "dp", "vpp", "sequence_parallel")
+        wanted = {a: getattr(parallel, a, None) for a in axes}
         layout, problems = derive_layout("model", "megatron", wanted, ("engine", 0, world_size), "parallel")
         if layout is None:
             raise ValueError("; ".join(f"{p.key}: {p.message} ({p.fix})" for p in problems))
@@ -53,7 +57,10 @@ def _sizes(parallel: Any, world_size: int) -> dict:
     vpp = layout.vpp
     if vpp is not None and (layout.pp < 2 or vpp < 1):
         raise ValueError(f"parallel.vpp={vpp} needs parallel.pp >= 2 and vpp >= 1 (pp={layout.pp})")
-    return dict(tp=layout.tp, pp=layout.pp, vpp=None if vpp == 1 else vpp, cp=layout.cp, ep=layout.ep, dp=layout.dp)
+    etp = getattr(layout, "etp", None) or layout.tp
+    return dict(
+        tp=layout.tp, pp=layout.pp, vpp=None if vpp == 1 else vpp, cp=layout.cp, ep=layout.ep, etp=etp, dp=layout.dp
+    )
 
 
 def sequence_parallel(parallel: Any, tp: int) -> bool:
@@ -80,7 +87,9 @@ def init_model_parallel(parallel: Any, seed: int) -> Layout:
     sizes = _sizes(parallel, dist.get_world_size())
     if mpu.model_parallel_is_initialized():
         current = current_layout()
-        have = dict(tp=current.tp, pp=current.pp, vpp=current.vpp, cp=current.cp, ep=current.ep, dp=current.dp)
+        have = dict(
+            tp=current.tp, pp=current.pp, vpp=current.vpp, cp=current.cp, ep=current.ep, etp=current.etp, dp=current.dp
+        )
         if have != sizes:
             raise ValueError(
                 f"megatron is already initialised in this process with {have}; a second model here asks for "
@@ -93,6 +102,7 @@ def init_model_parallel(parallel: Any, seed: int) -> Layout:
         virtual_pipeline_model_parallel_size=sizes["vpp"],
         context_parallel_size=sizes["cp"],
         expert_model_parallel_size=sizes["ep"],
+        expert_tensor_parallel_size=sizes["etp"],
     )
     model_parallel_cuda_manual_seed(seed)
     return current_layout()
@@ -112,6 +122,9 @@ def current_layout() -> Layout:
         pp_rank=mpu.get_pipeline_model_parallel_rank(),
         cp_rank=mpu.get_context_parallel_rank(),
         dp_rank=mpu.get_data_parallel_rank(),
+        etp=mpu.get_expert_tensor_parallel_world_size(),
+        ep_rank=mpu.get_expert_model_parallel_rank(),
+        etp_rank=mpu.get_expert_tensor_parallel_rank(),
     )
 
 

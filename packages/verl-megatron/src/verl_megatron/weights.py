@@ -5,6 +5,8 @@
 each assembled from the tensor-parallel shards of its pipeline stage and then sent to the other stages, in the
 layout a generation engine with tensor parallelism `gen_tp` asks for (gen_tp=1: the full tensor; gen_tp=g:
 this rank's generation shard, gathered only inside its micro data-parallel group of tp/g ranks, as in HybridFlow).
+A mixture of experts' expert is gathered over its expert tensor-parallel group on the expert-parallel rank that
+holds it, then broadcast to the other expert-parallel ranks (generation engines take whole experts: gen_tp=1).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 import torch.distributed as dist
 
+from verl_megatron import moe
 from verl_megatron.convert import Dims, Placement, local_placements, mcore_to_hf
 from verl_megatron.parallel import Layout
 
@@ -30,6 +33,11 @@ def unwrap(module: Any) -> Any:
 
 def chunk_params(chunks: Sequence[torch.nn.Module]) -> List[Dict[str, Tensor]]:
     return [dict(unwrap(c).named_parameters()) for c in chunks]
+
+
+def tp_split(p: Placement, layout: Layout) -> Tuple[int, int]:
+    """(rank, size) of the tensor-parallel group that splits `p`: the expert one for an expert's weights."""
+    return (layout.etp_rank, layout.etp) if p.rule.axis == "etp" else (layout.tp_rank, layout.tp)
 
 
 @torch.no_grad()
@@ -49,7 +57,7 @@ def load_hf(
     """
     missing: List[str] = []
     for vp_stage, params in enumerate(chunk_params(chunks)):
-        mine = local_placements(placements, layout.pp_rank, vp_stage)
+        mine = local_placements(placements, layout.pp_rank, vp_stage, layout.ep_rank)
         unplaced = sorted(set(params) - set(mine))
         if unplaced:
             raise RuntimeError(f"megatron parameters with no conversion rule: {unplaced}")
@@ -63,7 +71,7 @@ def load_hf(
                     missing += list(p.hf_names)
                     continue
                 raise
-            shard = p.rule.to_mcore(hf, layout.tp_rank, layout.tp, dims)
+            shard = p.rule.to_mcore(hf, *tp_split(p, layout), dims)
             target = params[name]
             if shard.shape != target.shape:
                 raise ValueError(
@@ -133,7 +141,11 @@ def hf_shapes(hf_config: Any, kind: str) -> Dict[str, torch.Size]:
             model = AutoModelForTokenClassification.from_config(cfg)
         else:
             model = AutoModelForCausalLM.from_config(cfg)
-    return {n: p.shape for n, p in model.named_parameters()}
+    shapes = {n: p.shape for n, p in model.named_parameters()}
+    if moe.is_moe(cfg):  # transformers fuses a layer's experts; checkpoints (and the converter) name each one
+        shapes = {n: s for n, s in shapes.items() if ".experts." not in n}
+        shapes.update(moe.expert_shapes(cfg))
+    return shapes
 
 
 @torch.no_grad()
@@ -158,29 +170,64 @@ def stream_hf(
     gen = gen or generation_groups(layout, 1)
     stats = stats if stats is not None else SyncStats()
     params = chunk_params(chunks)
-    tp_group = gen.group
     pp_group = mpu.get_pipeline_model_parallel_group()
     device = next(iter(params[0].values())).device
+    if gen.gen_tp > 1 and any(p.expert is not None for p in placements):
+        raise ValueError(
+            f"rollout tensor parallelism {gen.gen_tp} with a mixture of experts: experts stream whole (gen_tp=1); "
+            "the generation engine slices its own shards (vLLM, SGLang)"
+        )
     for p in placements:
         if p.mirror:
             continue
         pieces: Optional[List[Tensor]] = None
         if p.pp_rank == layout.pp_rank:
-            local = params[p.vp_stage][p.local_name].detach()
-            if p.rule.kind == "replicate" or gen.micro_dp == 1:
-                shards, first = [local], layout.tp_rank if p.rule.kind != "replicate" else 0
+            if p.expert is not None:
+                pieces = _expert_pieces(p, params, layout, dims, dtype, stats)
             else:
-                shards = [torch.empty_like(local) for _ in range(gen.micro_dp)]
-                dist.all_gather(shards, local.contiguous(), group=tp_group)
-                stats.received_bytes += (gen.micro_dp - 1) * local.numel() * local.element_size()
-                first = gen.gen_tp_rank * gen.micro_dp
-            tp_total = layout.tp if p.rule.kind != "replicate" else 1
-            pieces = [t.to(dtype) for _, t in mcore_to_hf(p, shards, first, tp_total, dims)]
+                pieces = _dense_pieces(p, params, layout, dims, dtype, gen, stats)
         if layout.pp > 1:
             pieces = _broadcast_from_stage(p, pieces, layout, gen, dims, shapes, dtype, device, pp_group, stats)
         for name, tensor in zip(p.hf_names, pieces):
             stats.tensors += 1
             yield name, tensor
+
+
+def _dense_pieces(p, params, layout, dims, dtype, gen, stats) -> List[Tensor]:
+    """The HF tensors of `p`, assembled inside this rank's (micro data-parallel) tensor-parallel group."""
+    local = params[p.vp_stage][p.local_name].detach()
+    if p.rule.kind == "replicate" or gen.micro_dp == 1:
+        shards, first = [local], layout.tp_rank if p.rule.kind != "replicate" else 0
+    else:
+        shards = [torch.empty_like(local) for _ in range(gen.micro_dp)]
+        dist.all_gather(shards, local.contiguous(), group=gen.group)
+        stats.received_bytes += (gen.micro_dp - 1) * local.numel() * local.element_size()
+        first = gen.gen_tp_rank * gen.micro_dp
+    tp_total = layout.tp if p.rule.kind != "replicate" else 1
+    return [t.to(dtype) for _, t in mcore_to_hf(p, shards, first, tp_total, dims)]
+
+
+def _expert_pieces(p, params, layout, dims, dtype, stats) -> List[Tensor]:
+    """An expert's whole HF tensors on every rank of the stage: gathered over the expert tensor-parallel group,
+    then sent from the expert-parallel rank holding the expert. Every EP rank gathers its own local expert of
+    the same index alongside (same shapes), so the collectives line up without a shape exchange."""
+    from megatron.core import parallel_state as mpu
+
+    local = params[p.vp_stage][p.local_name].detach()
+    shards = [local]
+    if layout.etp > 1:
+        shards = [torch.empty_like(local) for _ in range(layout.etp)]
+        dist.all_gather(shards, local.contiguous(), group=mpu.get_expert_tensor_parallel_group())
+        stats.received_bytes += (layout.etp - 1) * local.numel() * local.element_size()
+    pieces = [t.to(dtype).contiguous() for _, t in mcore_to_hf(p, shards, 0, layout.etp, dims)]
+    if layout.ep > 1:
+        group = mpu.get_expert_model_parallel_group()
+        src = dist.get_global_rank(group, p.ep_rank)
+        for t in pieces:
+            dist.broadcast(t, src=src, group=group)
+            if layout.ep_rank != p.ep_rank:
+                stats.received_bytes += t.numel() * t.element_size()
+    return pieces
 
 
 def generation_shape(p: Placement, full: torch.Size, gen: GenerationGroups, dims: Dims) -> torch.Size:

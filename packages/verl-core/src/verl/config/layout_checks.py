@@ -295,15 +295,63 @@ def check_sequence_parallel(ctx: Context) -> List[ConfigProblem]:
     return problems
 
 
+def model_experts(cfg: Any) -> Optional[int]:
+    """Routed experts of the configured model from its config.json (0: a dense model; None: not known here, such
+    as a folder that lives only on the training machine)."""
+    import json
+    import os
+
+    path = value(cfg, "model.path")
+    if not isinstance(path, str):
+        return None
+    if path.startswith("embedded:"):
+        return 0  # the embedded models are dense
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            hf = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return int(hf.get("num_experts") or hf.get("num_local_experts") or 0)
+
+
 def check_expert_parallel(ctx: Context) -> List[ConfigProblem]:
-    """Expert parallelism splits mixture-of-experts layers; the megatron backend converts dense models only."""
-    return [
-        error_at(
-            f"{role}.parallel.ep",
-            f"ep={parallel['ep']}: expert parallelism splits mixture-of-experts layers, and the megatron backend "
-            "converts dense models (Llama, Qwen2, Qwen3) only, which have none",
-            f"set {role}.parallel.ep=1",
-        )
-        for role, _, parallel in _train_parallels(ctx)
-        if (parallel.get("ep") or 1) > 1
-    ]
+    """Expert parallelism (ep, etp) splits a mixture of experts' layers: megatron only, experts % ep == 0, and
+    the expert groups tiling the ranks of a pipeline stage (tp*cp*dp % (etp*ep) == 0, as megatron requires)."""
+    experts = model_experts(ctx.cfg)
+    problems: List[ConfigProblem] = []
+    for role, backend, parallel in _train_parallels(ctx):
+        ep, etp = parallel.get("ep") or 1, parallel.get("etp")
+        if ep == 1 and etp is None:
+            continue
+        key = f"{role}.parallel.{'ep' if ep > 1 else 'etp'}"
+        if experts == 0:
+            problems.append(
+                error_at(
+                    key,
+                    f"ep={ep}, etp={etp}: expert parallelism splits mixture-of-experts layers, and dense models "
+                    "(this one: no num_experts / num_local_experts in its config.json) have none",
+                    f"set {role}.parallel.ep=1" + (f" and {role}.parallel.etp=null" if etp is not None else ""),
+                )
+            )
+        elif backend != "megatron":
+            problems.append(
+                error_at(key, f"ep={ep}, etp={etp}: expert parallelism is megatron's", f"set {role}.backend=megatron")
+            )
+        elif experts and experts % ep:
+            problems.append(
+                error_at(key, f"ep={ep} does not divide the model's {experts} experts", f"choose an ep dividing {experts}")
+            )
+    for layout in ctx.draft.plan.layouts if ctx.draft.plan is not None else ():
+        etp = getattr(layout, "etp", None) or layout.tp
+        if layout.ep > 1 or etp != layout.tp:
+            ranks = layout.tp * layout.cp * layout.dp
+            if ranks % (etp * layout.ep):
+                problems.append(
+                    error_at(
+                        f"{layout.role}.parallel.ep",
+                        f"etp*ep = {etp}*{layout.ep} does not divide the {ranks} ranks of a pipeline stage "
+                        f"(tp*cp*dp = {layout.tp}*{layout.cp}*{layout.dp}): megatron tiles each stage with expert groups",
+                        f"choose ep and etp with etp*ep dividing {ranks}",
+                    )
+                )
+    return problems

@@ -141,7 +141,7 @@ class Coords:
     pp: int
     cp: int
     dp: int
-    ep: int  # expert-parallel rank: position in the ep group carved out of dp*cp
+    ep: int  # expert-parallel rank: position in the ep group (megatron's expert ranks: etp fastest, then ep)
     shown: Tuple[str, ...]  # the axes worth printing for this role
 
     def __str__(self) -> str:
@@ -163,6 +163,7 @@ class Layout:
     ep: int = 1
     vpp: Optional[int] = None
     sequence_parallel: bool = False  # megatron: sequences split over tp outside tensor-parallel layers
+    etp: Optional[int] = None  # megatron: tensor parallelism inside each expert; None: tp
 
     @property
     def world(self) -> int:
@@ -170,7 +171,9 @@ class Layout:
 
     def sizes(self) -> Dict[str, Optional[int]]:
         """The parallel sizes as a dict (what a backend's model description takes)."""
-        return {"tp": self.tp, "pp": self.pp, "vpp": self.vpp, "cp": self.cp, "ep": self.ep, "dp": self.dp}
+        return {
+            "tp": self.tp, "pp": self.pp, "vpp": self.vpp, "cp": self.cp, "ep": self.ep, "etp": self.etp, "dp": self.dp
+        }
 
     def rank(self, tp: int = 0, pp: int = 0, cp: int = 0, dp: int = 0) -> int:
         """The role-local rank of the given coordinates."""
@@ -183,7 +186,7 @@ class Layout:
         tp_r, rest = local_rank % self.tp, local_rank // self.tp
         cp_r, rest = rest % self.cp, rest // self.cp
         dp_r, pp_r = rest % self.dp, rest // self.dp
-        ep_r = (cp_r + self.cp * dp_r) % self.ep
+        ep_r = (local_rank % (self.tp * self.cp * self.dp) // (self.etp or self.tp)) % self.ep
         return Coords(self.role, tp_r, pp_r, cp_r, dp_r, ep_r, self._shown_axes())
 
     def _shown_axes(self) -> Tuple[str, ...]:
@@ -353,7 +356,7 @@ def derive_layout(
     name, first, devices = pool
     problems = [
         ConfigProblem(f"{key}.{axis}", f"must be >= 1, got {parallel[axis]}{note}", f"set {key}.{axis}=1")
-        for axis in ("tp", "pp", "cp", "ep", "dp", "vpp")
+        for axis in ("tp", "pp", "cp", "ep", "etp", "dp", "vpp")
         if parallel.get(axis) is not None and parallel[axis] < 1
     ]
     if problems:
@@ -378,7 +381,18 @@ def derive_layout(
         return None, [ConfigProblem(f"{key}.dp", msg, f"set {key}.dp={devices // mp}, or null to derive it")]
     sp = backend == "megatron" and resolve_sequence_parallel(parallel.get("sequence_parallel"), tp)
     layout = Layout(
-        role, backend, name, first, tp, pp, cp, devices // mp, parallel.get("ep") or 1, parallel.get("vpp"), sp
+        role,
+        backend,
+        name,
+        first,
+        tp,
+        pp,
+        cp,
+        devices // mp,
+        parallel.get("ep") or 1,
+        parallel.get("vpp"),
+        sp,
+        etp=parallel.get("etp"),
     )
     return layout, []
 

@@ -107,7 +107,8 @@ class ParallelConfig:
     pp: int = size(1)
     vpp: Optional[int] = size(None)  # virtual pipeline stages per pp rank (megatron interleaved schedule)
     cp: int = size(1)
-    ep: int = size(1)
+    ep: int = size(1)  # megatron, mixture-of-experts models: experts split over ep ranks (carved out of dp*cp*tp/etp)
+    etp: Optional[int] = size(None)  # megatron: tensor parallelism inside each expert; None: the same as tp
     dp: Optional[int] = size(None)  # None: derived from the devices of the role's pool
     # megatron: split activations along the sequence outside tensor-parallel regions; None: on when tp > 1
     sequence_parallel: Optional[bool] = None

@@ -1,0 +1,152 @@
+"""Mixtures of experts on megatron-core in one process (world of one, gloo): Qwen3-MoE (dense and routed layers,
+renormalised or not) and Mixtral give HF's log-probs and gradient, convert HF -> mcore -> HF bit for bit, and
+what megatron's dropless MoE layer cannot compute as HF does is refused by config key."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import safetensors.torch
+import torch
+
+from tests.support.engines import gloo_world_one  # noqa: F401
+from tests.support.megatron_workers import (
+    LOGPROB_ATOL,
+    hf_model,
+    parity_batch,
+    random_model_dir,
+    response_log_probs,
+)
+from verl.config.schema import OptimConfig
+from verl.engine_protocol import EngineConfig
+from verl_megatron.convert import PipelineSplit, plan
+from verl_megatron.hf_config import check_supported
+from verl_megatron.moe import moe_config_kwargs
+
+LAYOUT = types.SimpleNamespace(tp=1, pp=1, vpp=None, cp=1, ep=1, dp=None)
+MODELS = {  # name -> (model_type, config overrides)
+    "qwen3_moe": ("qwen3_moe", {}),
+    "qwen3_moe_softmax_topk": ("qwen3_moe", {"norm_topk_prob": False}),  # top-k of the full softmax
+    "mixtral": ("mixtral", {}),
+}
+
+
+@pytest.fixture
+def engine(gloo_world_one):  # noqa: F811
+    from verl_megatron.engine import MegatronEngine
+    from verl_megatron.parallel import destroy_model_parallel
+
+    made = []
+
+    def make(path: str, optim: bool = False):
+        opt = OptimConfig(lr=1e-2, weight_decay=0.0, eps=1e-8) if optim else None
+        made.append(MegatronEngine(EngineConfig(model_path=path, optim=opt, total_steps=10, parallel=LAYOUT)))
+        return made[-1]
+
+    yield make
+    made.clear()
+    destroy_model_parallel()
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def moe_dir(request, tmp_path_factory) -> str:
+    model_type, overrides = MODELS[request.param]
+    return random_model_dir(str(tmp_path_factory.mktemp(request.param)), model_type, tie=False, **overrides)
+
+
+def _nll(out, mb):
+    mask = mb.batch["response_mask"]
+    loss = -(out["log_probs"] * mask).sum() / mask.sum()
+    return loss, {"nll": float(loss)}
+
+
+_nll.weight_by = "tokens"
+
+
+def test_log_probs_and_gradient_match_hf(engine, moe_dir):
+    batch = parity_batch(37)
+    valid = batch.batch["response_mask"].bool()
+    model = hf_model(moe_dir)
+    want = response_log_probs(model, batch)
+    eng = engine(moe_dir, optim=True)
+    got = eng.infer(batch, micro_batch_size=2).batch["log_probs"]
+    assert (got - want).abs()[valid].max().item() <= LOGPROB_ATOL
+
+    mask = batch.batch["response_mask"]
+    (-(want * mask).sum() / mask.sum()).backward()
+    hf_norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters() if p.grad is not None))
+    metrics = eng.train_step(batch, _nll, micro_batch_size=2)
+    assert metrics["grad_norm"] == pytest.approx(float(hf_norm), rel=1e-5)
+
+
+def test_hf_to_mcore_to_hf_is_bitwise_and_exports_a_loadable_folder(engine, moe_dir, tmp_path):
+    saved = safetensors.torch.load_file(f"{moe_dir}/model.safetensors")
+    eng = engine(moe_dir)
+    streamed = dict(eng.weights())
+    assert streamed.keys() == saved.keys()  # per-expert names, as save_pretrained writes them
+    assert all(torch.equal(streamed[k], saved[k]) for k in saved)
+    eng.export_hf(str(tmp_path / "export"))
+    batch = parity_batch(37)
+    with torch.no_grad():
+        exported = response_log_probs(hf_model(str(tmp_path / "export")), batch)
+        assert torch.equal(exported, response_log_probs(hf_model(moe_dir), batch))
+
+
+def _qwen3_moe(**kw):
+    from transformers import Qwen3MoeConfig
+
+    base = dict(num_hidden_layers=4, num_experts=4, num_experts_per_tok=2, mlp_only_layers=[1], vocab_size=37)
+    return Qwen3MoeConfig(**{**base, **kw})
+
+
+def test_plan_routes_the_moe_layers_and_places_experts_by_ep_rank():
+    cfg = _qwen3_moe()
+    placements = plan(cfg, PipelineSplit(4, 1, 1), ep=2)
+    routers = [p.layer for p in placements if p.local_name.endswith("mlp.router.weight")]
+    dense = [p.layer for p in placements if p.local_name.endswith("mlp.linear_fc1.weight")]
+    assert routers == [0, 2, 3] and dense == [1]
+    experts = [(p.expert, p.ep_rank, p.local_name) for p in placements if p.layer == 0 and p.expert is not None]
+    assert [(e, r) for e, r, _ in experts[::2]] == [(0, 0), (1, 0), (2, 1), (3, 1)]
+    assert experts[4][2] == "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight"  # expert 2: local 0
+    assert placements[[p.expert for p in placements].index(2)].hf_names == (
+        "model.layers.0.mlp.experts.2.gate_proj.weight",
+        "model.layers.0.mlp.experts.2.up_proj.weight",
+    )
+    te = {p.local_name for p in plan(cfg, PipelineSplit(4, 1, 1), te=True)}
+    assert "decoder.layers.0.mlp.experts.linear_fc1.weight3" in te  # TransformerEngine's grouped GEMM
+    assert "decoder.layers.0.pre_mlp_layernorm.weight" in te  # a routed layer's norm stays apart
+    assert "decoder.layers.1.mlp.linear_fc1.layer_norm_weight" in te  # a dense layer's is fused
+    with pytest.raises(ValueError, match="4 experts do not split over parallel.ep=3"):
+        plan(cfg, PipelineSplit(4, 1, 1), ep=3)
+
+
+def test_router_settings_follow_the_family():
+    assert moe_config_kwargs(_qwen3_moe(norm_topk_prob=True))["moe_router_pre_softmax"] is False
+    assert moe_config_kwargs(_qwen3_moe(norm_topk_prob=False))["moe_router_pre_softmax"] is True
+    qwen = moe_config_kwargs(_qwen3_moe(decoder_sparse_step=2, mlp_only_layers=[]))
+    assert qwen["moe_layer_freq"] == [0, 1, 0, 1] and qwen["moe_router_load_balancing_type"] == "none"
+    assert moe_config_kwargs(_qwen3_moe(), aux_loss_coeff=1e-3)["moe_router_load_balancing_type"] == "aux_loss"
+
+
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        (_qwen3_moe(num_experts_per_tok=5), "num_experts_per_tok=5 > num_experts=4"),
+        (_qwen3_moe(num_experts_per_tok=1, norm_topk_prob=True), "num_experts_per_tok=1 with a renormalised"),
+        (_qwen3_moe(shared_expert_intermediate_size=64), "shared_expert_intermediate_size=64"),
+    ],
+)
+def test_what_megatron_computes_differently_is_refused_by_key(cfg, message):
+    with pytest.raises(ValueError, match=message):
+        check_supported(cfg)
+
+
+@pytest.mark.parametrize(
+    "change, message", [({"router_jitter_noise": 0.1}, "router_jitter_noise=0.1"), ({"sliding_window": 64}, "=64")]
+)
+def test_mixtral_noise_and_sliding_windows_are_refused(change, message):
+    from transformers import MixtralConfig
+
+    with pytest.raises(ValueError, match=message):
+        check_supported(MixtralConfig(**{"sliding_window": None, **change}))
