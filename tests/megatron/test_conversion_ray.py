@@ -20,10 +20,10 @@ from tests.support.engines import grouped_batch
 from tests.support.megatron_workers import (
     EngineWorker,
     check_log_probs,
+    hf_grad_norm,
     hf_model,
     parity_batch,
     random_model_dir,
-    response_log_probs,
 )
 from verl.config.schema import OptimConfig
 from verl.controller import ResourcePool, make_worker_group
@@ -77,14 +77,6 @@ def workers(ray_two_cpus):
 
     yield layout
     close()
-
-
-def _hf_grad_norm(path: str, batch) -> float:
-    """Gradient norm of the mean response-token NLL (EngineWorker.train's loss) for the HF model."""
-    model = hf_model(path)
-    logp = response_log_probs(model, batch)
-    (-logp[batch.batch["response_mask"].bool()].mean()).backward()
-    return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()])).item()
 
 
 def _hf_state(path: str) -> dict:
@@ -153,7 +145,7 @@ def test_log_probs_and_gradient_match_hf(workers, models, name, parallel):
         check_log_probs(group.call("infer", name, short), models[name], short)
         group.call("load", "trained", models[name], OptimConfig(lr=1e-3))
         norms = [m["grad_norm"] for m in group.call("train", "trained", short)]
-        want = _hf_grad_norm(models[name], short)
+        want = hf_grad_norm(models[name], short)
         assert all(n == norms[0] for n in norms) and norms[0] == pytest.approx(want, rel=1e-5)
         print(f"{name} {parallel}: max |log-prob - HF| = {worst:.2e}, grad norm {norms[0]:.6f} vs HF {want:.6f}")
 

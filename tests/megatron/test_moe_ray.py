@@ -16,10 +16,9 @@ from safetensors.torch import load_file
 from tests.support.megatron_workers import (
     EngineWorker,
     check_log_probs,
-    hf_model,
+    hf_grad_norm,
     parity_batch,
     random_model_dir,
-    response_log_probs,
 )
 from verl.config.schema import OptimConfig
 from verl.controller import ResourcePool, make_worker_group
@@ -51,13 +50,6 @@ def workers(ray_two_cpus):  # noqa: F811
     pool.remove()
 
 
-def _hf_grad_norm(path: str, batch) -> float:
-    model = hf_model(path)
-    logp = response_log_probs(model, batch)
-    (-logp[batch.batch["response_mask"].bool()].mean()).backward()
-    return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()])).item()
-
-
 @pytest.mark.parametrize(
     "parallel",
     [{"ep": 2}, {"tp": 2}, {"tp": 2, "etp": 1, "ep": 2}, {"pp": 2}],
@@ -74,6 +66,6 @@ def test_log_probs_gradient_and_round_trip_match_hf(workers, model, parallel):
             assert all(torch.equal(streamed[k], saved[k]) for k in saved)
         short = parity_batch(vocab=37, prompt=4, response=3, padded=False)
         norms = [m["grad_norm"] for m in group.call("train", "policy", short)]
-        want = _hf_grad_norm(model, short)
+        want = hf_grad_norm(model, short)
         assert all(n == norms[0] for n in norms) and norms[0] == pytest.approx(want, rel=1e-5)
         print(f"qwen3_moe {parallel}: max |log-prob - HF| = {worst:.2e}, grad norm {norms[0]:.6f} vs HF {want:.6f}")

@@ -109,6 +109,14 @@ def hf_log_probs(path: str, batch: DataProto) -> torch.Tensor:
         return response_log_probs(hf_model(path), batch)
 
 
+def hf_grad_norm(path: str, batch: DataProto) -> float:
+    """Gradient norm of the mean response-token NLL (EngineWorker.train's loss) for the HF model."""
+    model = hf_model(path)
+    logp = response_log_probs(model, batch)
+    (-logp[batch.batch["response_mask"].bool()].mean()).backward()
+    return torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()])).item()
+
+
 def check_log_probs(results: list, path: str, batch: DataProto, atol: float = LOGPROB_ATOL) -> float:
     want = hf_log_probs(path, batch)
     valid = batch.batch["response_mask"].bool()
