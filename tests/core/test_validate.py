@@ -257,6 +257,13 @@ def test_expert_parallel_is_megatrons_and_must_divide_the_experts_and_the_stage(
     assert "does not divide" in p.message
 
 
+def test_a_mixture_of_experts_with_tensor_parallelism_keeps_sequence_parallelism(tmp_path):
+    moe = {"model": {"path": _moe_folder(tmp_path / "moe")}}
+    assert not errors(check(MEGATRON8, moe, {"actor": {"parallel": {"tp": 2}}}))
+    p = only(check(MEGATRON8, moe, {"actor": {"parallel": {"tp": 2, "sequence_parallel": False}}}))
+    assert p.key == "actor.parallel.sequence_parallel" and "sequence parallelism only" in p.message
+
+
 def test_expert_parallel_of_a_model_not_on_this_machine_is_left_to_the_engine():
     assert not errors(check(MEGATRON8, {"actor": {"parallel": {"ep": 2}}}))
 

@@ -150,3 +150,12 @@ def test_mixtral_noise_and_sliding_windows_are_refused(change, message):
 
     with pytest.raises(ValueError, match=message):
         check_supported(MixtralConfig(**{"sliding_window": None, **change}))
+
+
+def test_tensor_parallel_moe_without_sequence_parallelism_is_refused_at_build():
+    from verl_megatron.model import transformer_config
+    from verl_megatron.parallel import Layout
+
+    tp2 = Layout(tp=2, pp=1, vpp=None, cp=1, ep=1, dp=1, tp_rank=0, pp_rank=0, cp_rank=0, dp_rank=0, etp=2)
+    with pytest.raises(ValueError, match="sequence_parallel=false with tp=2"):
+        transformer_config(_qwen3_moe(), tp2, dtype=torch.float32, device="cpu", sequence_parallel=False)

@@ -137,6 +137,11 @@ def transformer_config(
             f"parallel.ep={layout.ep}: expert parallelism splits mixture-of-experts layers, and this "
             f"{hf_config.model_type} model has none; set parallel.ep=1"
         )
+    if moe and layout.tp > 1 and not sequence_parallel:
+        raise ValueError(
+            f"parallel.sequence_parallel=false with tp={layout.tp}: megatron's mixture-of-experts layer trains with "
+            "sequence parallelism only; leave parallel.sequence_parallel unset (on with tp > 1)"
+        )
     if moe:
         kwargs.update(moe_config_kwargs(hf_config, aux_loss_coeff=moe_aux_loss_coeff))
         kwargs.update(

@@ -342,6 +342,15 @@ def check_expert_parallel(ctx: Context) -> List[ConfigProblem]:
                 error_at(key, f"ep={ep} does not divide the model's {experts} experts", f"choose an ep dividing {experts}")
             )
     for layout in ctx.draft.plan.layouts if ctx.draft.plan is not None else ():
+        if experts and layout.backend == "megatron" and layout.tp > 1 and not layout.sequence_parallel:
+            problems.append(
+                error_at(
+                    f"{layout.role}.parallel.sequence_parallel",
+                    f"a mixture of experts with tp={layout.tp} trains with sequence parallelism only (megatron's MoE "
+                    "layer refuses to train without it)",
+                    f"remove {layout.role}.parallel.sequence_parallel=false (it is on by default with tp > 1)",
+                )
+            )
         etp = getattr(layout, "etp", None) or layout.tp
         if layout.ep > 1 or etp != layout.tp:
             ranks = layout.tp * layout.cp * layout.dp
