@@ -159,3 +159,21 @@ def test_tensor_parallel_moe_without_sequence_parallelism_is_refused_at_build():
     tp2 = Layout(tp=2, pp=1, vpp=None, cp=1, ep=1, dp=1, tp_rank=0, pp_rank=0, cp_rank=0, dp_rank=0, etp=2)
     with pytest.raises(ValueError, match="sequence_parallel=false with tp=2"):
         transformer_config(_qwen3_moe(), tp2, dtype=torch.float32, device="cpu", sequence_parallel=False)
+
+
+def test_the_hf_rollout_loads_the_streamed_experts_into_its_fused_parameters(engine, moe_dir, tmp_path):
+    from verl.config.schema import RolloutConfig
+    from verl.engine_protocol import RolloutSettings
+    from verl_rollout.hf import HFRollout
+
+    from transformers import AutoConfig
+
+    # Another random model of the same shapes: every value the rollout ends with came through the sync.
+    other = random_model_dir(str(tmp_path / "other"), AutoConfig.from_pretrained(moe_dir).model_type, tie=False, seed=7)
+    settings = RolloutSettings(max_new_tokens=4, eos_ids=(2,), pad_id=0)
+    rollout = HFRollout(RolloutConfig(), model_path=other, settings=settings)
+    rollout.sleep()  # after a sleep every parameter must arrive: the fused experts count once each
+    actor = engine(moe_dir)
+    assert rollout.update_weights(actor.weights()) == sum(p.numel() * 4 for p in rollout.module.parameters())
+    want = dict(hf_model(moe_dir).named_parameters())
+    assert all(torch.equal(p, want[n]) for n, p in rollout.module.named_parameters())

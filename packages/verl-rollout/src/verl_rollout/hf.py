@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 from verl.engine_protocol import RolloutEngine, RolloutSettings, TrainEngine, Weights
 from verl.protocol import DataProto
 from verl.rollout_batch import assemble_rollout
+from verl_rollout.hf_weights import target
 
 
 class HFRollout:
@@ -138,14 +139,13 @@ class HFRollout:
             return 0  # the iterator is lazy: not consuming it gathers nothing
         released = self._released
         self.wake()
-        params = dict(self.module.named_parameters())
+        params = {n: p.data for n, p in self.module.named_parameters()}
         moved, seen = 0, set()
-        for name, tensor in weights:
-            if name not in params:
-                raise KeyError(f"rollout model has no parameter '{name}' (the actor and rollout models differ)")
-            params[name].data.copy_(tensor.to(params[name].device, params[name].dtype))
+        for name, tensor in weights:  # checkpoint names (a mixture of experts' land in fused parameters)
+            param, view = target(name, params)
+            view.copy_(tensor.to(view.device, view.dtype))
             moved += tensor.numel() * tensor.element_size()
-            seen.add(name)
+            seen.add(param)
         missing = sorted(set(released or ()) - seen)
         if missing:
             self._released = released  # still without values: refuse to generate with them

@@ -1,0 +1,41 @@
+"""Checkpoint-format tensors into a transformers model's parameters.
+
+Weights arrive under the names `save_pretrained` writes. For most models those are the module's parameter names;
+a mixture of experts is the exception: transformers (5.x) holds a layer's experts fused (`mlp.experts.gate_up_proj`
+[E, 2I, H], gate rows first, and `mlp.experts.down_proj` [E, H, I]) while checkpoints name each expert
+(Qwen3-MoE `mlp.experts.{e}.gate_proj.weight`; Mixtral `block_sparse_moe.experts.{e}.w1.weight`, w3 up, w2 down,
+and its router `block_sparse_moe.gate.weight`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, Tuple
+
+import torch
+
+_EXPERT = re.compile(r"^(.*)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
+_GATE, _UP = ("gate_proj", "w1"), ("up_proj", "w3")
+
+
+def target(name: str, params: Dict[str, torch.Tensor]) -> Tuple[str, torch.Tensor]:
+    """(parameter name, the view of it that checkpoint tensor `name` fills); KeyError when the model has none."""
+    if name in params:
+        return name, params[name]
+    moe_name = name.replace(".block_sparse_moe.", ".mlp.")
+    if moe_name in params:  # Mixtral's router
+        return moe_name, params[moe_name]
+    match = _EXPERT.match(name)
+    if match:
+        layer, expert, proj = match.group(1), int(match.group(2)), match.group(3)
+        if proj in _GATE or proj in _UP:
+            fused = params.get(f"{layer}.mlp.experts.gate_up_proj")
+            if fused is not None:
+                half = fused.shape[1] // 2
+                rows = slice(0, half) if proj in _GATE else slice(half, 2 * half)
+                return f"{layer}.mlp.experts.gate_up_proj", fused[expert, rows]
+        else:
+            fused = params.get(f"{layer}.mlp.experts.down_proj")
+            if fused is not None:
+                return f"{layer}.mlp.experts.down_proj", fused[expert]
+    raise KeyError(f"rollout model has no parameter '{name}' (the actor and rollout models differ)")
