@@ -240,6 +240,24 @@ def test_expert_parallel_is_refused_without_moe_models(base):
     assert p.key == "actor.parallel.ep" and "dense models" in p.message and p.fix == "set actor.parallel.ep=1"
 
 
+def test_the_embedded_mixture_of_experts_takes_expert_parallelism():
+    moe = {"model": {"path": "embedded:tiny-qwen3-moe"}}  # 8 experts, read from its spec (nothing is built)
+    assert not errors(check(MEGATRON8, moe, {"actor": {"parallel": {"ep": 8}}}))
+    p = only(check(MEGATRON8, moe, {"actor": {"parallel": {"ep": 4, "etp": 4}}}))  # 16 ranks over 8
+    assert p.key == "actor.parallel.ep" and "does not divide" in p.message
+
+
+def test_the_load_balancing_loss_is_megatrons_and_for_mixtures_of_experts():
+    aux = {"actor": {"moe_aux_loss_coeff": 0.01}}
+    assert not errors(check(MEGATRON8, {"model": {"path": "embedded:tiny-qwen3-moe"}}, aux))
+    p = only(check(MEGATRON8, {"model": {"path": "embedded:tiny-llama"}}, aux))
+    assert p.key == "actor.moe_aux_loss_coeff" and "dense" in p.message and p.fix == "set actor.moe_aux_loss_coeff=0"
+    p = only(check({"placement": {"devices_per_node": 8}}, {"model": {"path": "embedded:tiny-qwen3-moe"}}, aux))
+    assert p.key == "actor.moe_aux_loss_coeff" and "uses fsdp" in p.message
+    p = only(check(MEGATRON8, {"actor": {"moe_aux_loss_coeff": -1.0}}))
+    assert p.key == "actor.moe_aux_loss_coeff"
+
+
 def _moe_folder(path, experts: int = 8) -> str:
     path.mkdir()
     (path / "config.json").write_text(f'{{"model_type": "qwen3_moe", "num_experts": {experts}}}')

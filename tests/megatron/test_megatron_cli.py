@@ -1,5 +1,6 @@
 """The `verl` command with the megatron backend: the 8B recipe's model built on the meta device and counted, and
-`verl export` turning a TP=2 x PP=2 training checkpoint into a Hugging Face folder.
+`verl export` turning a TP=2 x PP=2 training checkpoint (and a mixture of experts' EP=2 x PP=2 one) into a Hugging
+Face folder.
 
 The CLI runs in a child process (as a user runs it): the model check starts a fake process group, and export a
 world of one, which must not meet this test process's own torch.distributed state.
@@ -29,6 +30,8 @@ ray.cloudpickle.register_pickle_by_value(sys.modules["tests.support.megatron_wor
 
 # Meta-Llama-3-8B's published architecture (its config.json, no weights).
 LLAMA3_8B = RECIPES / "model_configs" / "Meta-Llama-3-8B"
+# Qwen3-30B-A3B's published architecture (a mixture of experts: 128 experts, top 8).
+QWEN3_30B_A3B = RECIPES / "model_configs" / "Qwen3-30B-A3B"
 
 
 def _verl(*argv: str) -> subprocess.CompletedProcess:
@@ -50,6 +53,23 @@ def test_llama3_8b_recipe_builds_its_megatron_model_and_counts_it():
     # 54,525,952, plus both norms whole, 8,192 -> 54,534,144; x 16 = 872,546,304. Stage 0 adds a quarter of
     # the embedding (131,334,144), stage 1 the final norm (4,096) and a quarter of lm_head (131,334,144).
     assert "TP=4 PP=2; parameters per rank: stage 0: 1,003,880,448, stage 1: 1,003,884,544" in out.stdout
+
+
+def test_qwen3_30b_a3b_recipe_lays_out_its_experts_and_counts_them():
+    out = _verl("train", str(RECIPES / "grpo_qwen3_30b_a3b.yaml"), "--dry-run", f"model.path={QWEN3_30B_A3B}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    print(out.stdout[out.stdout.index("# model") :])
+    # HF count: embed + lm_head 2 * 151936 * 2048 = 622,329,856; per layer attention q/o 2 * 4096 * 2048 =
+    # 16,777,216, k/v 2 * 512 * 2048 = 2,097,152, q/k norms 2 * 128, router 128 * 2048 = 262,144, norms
+    # 2 * 2048, experts 128 * 3 * 768 * 2048 = 603,979,776 -> 623,120,640 x 48 = 29,909,790,720; final norm 2,048.
+    assert "actor: parameters: 30,532,122,624 (30.53 B)" in out.stdout
+    # Active: 120 of 128 experts skipped per layer, 120 * 4,718,592 * 48 = 27,179,089,920 fewer.
+    assert "top 8; active per token: 3,353,032,704 (3.35 B); EP=8 x ETP=1: 16 experts of each routed layer" in out.stdout
+    # Per rank at EP=8, TP=1: everything dense (30,532,122,624 - 48 * 603,979,776 = 1,541,093,376) plus 16 experts
+    # of each layer, 16 * 4,718,592 * 48 = 3,623,878,656.
+    assert "EP=8 ETP=1; parameters per rank: stage 0: 5,164,972,032 (1,541,093,376 dense + 3,623,878,656 experts)" in (
+        out.stdout
+    )
 
 
 def test_a_model_megatron_cannot_build_is_a_validation_error(tmp_path):
@@ -75,14 +95,19 @@ def _batch(vocab: int, rows: int = 4, prompt: int = 5, response: int = 3) -> Dat
     )
 
 
-def test_export_reshards_a_tp2_pp2_checkpoint_into_hf(ray_two_cpus, tmp_path, embedded_cache):
+@pytest.mark.parametrize(
+    "name, layout",
+    [("tiny-llama", {"tp": 2, "pp": 2}), ("tiny-qwen3-moe", {"ep": 2, "pp": 2})],  # the MoE: experts split in two
+    ids=["tp2-pp2", "moe-ep2-pp2"],
+)
+def test_export_reshards_a_checkpoint_into_hf(ray_two_cpus, tmp_path, embedded_cache, name, layout):
     from safetensors.torch import load_file
 
     from verl.embedded.models import materialize_embedded_model
 
-    model = materialize_embedded_model("tiny-llama", embedded_cache)
+    model = materialize_embedded_model(name, embedded_cache)
     pool = ResourcePool("megatron", nnodes=1, devices_per_node=4, cpus_per_device=0.5)
-    group = make_worker_group("ray", pool, EngineWorker, {"tp": 2, "pp": 2}, role="actor", env={"OMP_NUM_THREADS": "1"})
+    group = make_worker_group("ray", pool, EngineWorker, layout, role="actor", env={"OMP_NUM_THREADS": "1"})
     try:
         group.call("load", "actor", model, OptimConfig(lr=1e-2, weight_decay=0.0))
         group.call("train", "actor", _batch(vocab=83))  # weights that differ from the HF folder it started from

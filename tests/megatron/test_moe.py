@@ -39,9 +39,10 @@ def engine(gloo_world_one):  # noqa: F811
 
     made = []
 
-    def make(path: str, optim: bool = False):
+    def make(path: str, optim: bool = False, aux: float = 0.0):
         opt = OptimConfig(lr=1e-2, weight_decay=0.0, eps=1e-8) if optim else None
-        made.append(MegatronEngine(EngineConfig(model_path=path, optim=opt, total_steps=10, parallel=LAYOUT)))
+        cfg = EngineConfig(model_path=path, optim=opt, total_steps=10, parallel=LAYOUT, moe_aux_loss_coeff=aux)
+        made.append(MegatronEngine(cfg))
         return made[-1]
 
     yield make
@@ -78,6 +79,73 @@ def test_log_probs_and_gradient_match_hf(engine, moe_dir):
     hf_norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters() if p.grad is not None))
     metrics = eng.train_step(batch, _nll, micro_batch_size=2)
     assert metrics["grad_norm"] == pytest.approx(float(hf_norm), rel=1e-5)
+
+
+def test_the_fsdp_engine_gives_the_same_mixture_of_experts_the_megatron_log_probs_and_step(engine, moe_dir):
+    """FSDP runs transformers' own MoE (fused experts), megatron its dropless layer: one model, one answer."""
+    from verl_fsdp.engine import FSDPEngine
+
+    batch = parity_batch(37)
+    valid = batch.batch["response_mask"].bool()
+    optim = OptimConfig(lr=1e-2, weight_decay=0.0, eps=1e-8)
+    fsdp = FSDPEngine(EngineConfig(model_path=moe_dir, optim=optim, total_steps=10))
+    mega = engine(moe_dir, optim=True)
+    want = mega.infer(batch, micro_batch_size=2).batch["log_probs"]
+    got = fsdp.infer(batch, micro_batch_size=2).batch["log_probs"]
+    assert (got - want).abs()[valid].max().item() <= LOGPROB_ATOL
+    m_fsdp = fsdp.train_step(batch, _nll, micro_batch_size=2)
+    m_mega = mega.train_step(batch, _nll, micro_batch_size=2)
+    assert m_fsdp["nll"] == pytest.approx(m_mega["nll"], rel=1e-6)
+    assert m_fsdp["grad_norm"] == pytest.approx(m_mega["grad_norm"], rel=1e-5)
+
+
+def _watch_routers(eng) -> list:
+    """(layer, tokens per expert, megatron's load-balancing term by hand) of every training forward of a router,
+    caught beside the engine's own counting."""
+    from megatron.core.transformer.moe.router import Router
+
+    seen = []
+
+    def hook(router, inputs, output):
+        if not router.training:
+            return
+        with torch.no_grad():  # megatron's term: E / (k T^2) * sum_e P_e count_e, P_e its softmax mass over tokens
+            logits = router.gating(inputs[0]).view(-1, router.config.num_moe_experts).float()
+            e, k, t = logits.shape[1], router.topk, logits.shape[0]
+            scores = torch.softmax(logits, dim=-1)
+            chosen = torch.zeros_like(scores).scatter(1, scores.topk(k, dim=-1).indices, 1.0)
+            term = e / (k * t * t) * (scores.sum(0) * chosen.sum(0)).sum()
+        seen.append((router.layer_number, output[1].sum(0).double(), float(term)))
+
+    for chunk in eng.chunks:
+        for module in chunk.modules():
+            if isinstance(module, Router):
+                module.register_forward_hook(hook)
+    return seen
+
+
+@pytest.mark.parametrize("aux", [0.0, 0.01], ids=["aux-off", "aux-on"])
+def test_router_metrics_are_the_training_step_tokens_per_expert(engine, moe_dir, aux):
+    eng = engine(moe_dir, optim=True, aux=aux)
+    seen = _watch_routers(eng)
+    batch = parity_batch(37)
+    eng.infer(batch, micro_batch_size=2)  # a log-prob pass (eval mode) is not counted
+    metrics = eng.train_step(batch, _nll, micro_batch_size=2)
+    assert seen, "no router ran in training mode"
+    per_layer: dict = {}
+    for layer, counts, _ in seen:
+        per_layer[layer] = per_layer.get(layer, 0) + counts
+    load = torch.stack([c / c.mean() for c in per_layer.values()])
+    assert metrics["moe/load_max"] == pytest.approx(float(load.max()), rel=1e-9)
+    assert metrics["moe/load_min"] == pytest.approx(float(load.min()), rel=1e-9)
+    assert metrics["moe/load_max"] > 1.0  # a random router is not balanced: the metric is not a constant
+    if aux:
+        want = sum(term for _, _, term in seen) / len(seen)  # averaged over layers and micro-batches
+        assert metrics["moe/balance_loss"] == pytest.approx(want, rel=1e-5)
+    else:
+        assert "moe/balance_loss" not in metrics
+    again = eng.train_step(batch, _nll, micro_batch_size=2)  # counting starts over with every step
+    assert again["moe/load_max"] != metrics["moe/load_max"] or again["moe/load_min"] != metrics["moe/load_min"]
 
 
 def test_hf_to_mcore_to_hf_is_bitwise_and_exports_a_loadable_folder(engine, moe_dir, tmp_path):

@@ -1,6 +1,6 @@
 """One actor update of the megatron engine through the project's worker (ActorRolloutRefWorker on Ray, gloo):
 TP=2 (with and without sequence parallelism), PP=2, CP=2 and DP=2 (distributed optimizer) each take the same
-step as TP=1 on one worker.
+step as TP=1 on one worker; a mixture of experts at EP=2 takes the step it takes at EP=1.
 
 Same batch, same starting weights: the loss and grad norm agree to float32 rounding and every updated weight
 agrees within WEIGHT_ATOL. Splitting the model changes only the order of float32 sums (TP's row-parallel all-reduce,
@@ -28,6 +28,9 @@ pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in
 
 ROWS, P, R = 8, 6, 4
 WEIGHT_ATOL = 5e-8
+# The all-to-all regroups a layer's tokens per expert, which reorders the sums behind the norms' gradients: one
+# float32 ulp at 1.0 (a norm weight). Measured: 6.0e-8 on one norm, every other tensor within 5e-8.
+MOE_WEIGHT_ATOL = 1.2e-7
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +87,50 @@ def reference(ray_two_cpus, model_path, tmp_path_factory):
     ],
 )
 def test_split_step_equals_single_worker(reference, model_path, tmp_path, name, overrides, replicas):
-    (m1,), (w1,) = reference
     m2, states = _step(model_path, tmp_path, name, 2, *overrides)
+    _assert_same_step(reference, m2, states, replicas, model_path, name)
+
+
+@pytest.fixture(scope="module")
+def moe_path(embedded_cache):
+    return materialize_embedded_model("tiny-qwen3-moe", embedded_cache)
+
+
+_EP1: dict = {}
+
+
+def _ep1(moe_path: str, tmp, aux: float):
+    """The MoE step at EP=1 on one worker with the load-balancing loss `aux` (each computed once)."""
+    if aux not in _EP1:
+        _EP1[aux] = _step(moe_path, tmp, f"ep1-aux{aux}", 1, f"actor.moe_aux_loss_coeff={aux}")
+    return _EP1[aux]
+
+
+@pytest.mark.parametrize("aux", [0.0, 0.01], ids=["aux-off", "aux-on"])
+def test_expert_parallel_step_equals_single_worker(ray_two_cpus, moe_path, tmp_path, aux):
+    """EP=2 (each worker holds 4 of every layer's 8 experts, tokens sent to them all-to-all, DP=2 for the dense
+    part) takes the step EP=1 takes on one worker, with megatron's load-balancing loss off and on (it is computed
+    per micro-batch, and both layouts cut the same micro-batches)."""
+    reference = _ep1(moe_path, tmp_path, aux)
+    m2, states = _step(moe_path, tmp_path, "ep2", 2, "actor.parallel.ep=2", f"actor.moe_aux_loss_coeff={aux}")
+    _assert_same_step(reference, m2, states, 2, moe_path, f"ep2 aux {aux}", atol=MOE_WEIGHT_ATOL)
+    (m1,), _ = reference
+    for key in ("actor/moe/load_max", "actor/moe/load_min") + (("actor/moe/balance_loss",) if aux else ()):
+        # the tokens each expert got, summed over both ranks' micro-batches: the one worker's counts
+        assert all(m[key] == pytest.approx(m1[key], rel=1e-6) for m in m2), key
+    if aux:  # the loss takes effect: the routers move otherwise than without it (the experts' weights too)
+        (_,), (without,) = _ep1(moe_path, tmp_path, 0.0)
+        (_,), (with_aux,) = reference
+        router = "model.layers.0.mlp.gate.weight"
+        moved = (with_aux[router] - without[router]).abs().max().item()
+        print(f"router moved by the aux loss: {moved:.2e}")
+        assert moved > 1e-5  # measured 7.8e-5, against the layouts' agreement of 1.2e-7
+
+
+def _assert_same_step(
+    reference, m2, states, replicas: int, model_path: str, name: str, atol: float = WEIGHT_ATOL
+) -> None:
+    (m1,), (w1,) = reference
     assert len(m2) == replicas  # one metrics dict per data-parallel replica
     loss2 = sum(m["actor/pg_loss"] for m in m2) / replicas
     assert m1["actor/pg_loss"] == pytest.approx(loss2, rel=1e-6, abs=1e-7)
@@ -95,7 +140,7 @@ def test_split_step_equals_single_worker(reference, model_path, tmp_path, name, 
     for w2 in states:  # every rank streams the full model
         assert w1.keys() == w2.keys() == before.keys()
         for key in w1:
-            torch.testing.assert_close(w2[key], w1[key], rtol=0, atol=WEIGHT_ATOL, msg=key)
+            torch.testing.assert_close(w2[key], w1[key], rtol=0, atol=atol, msg=key)
             worst = max(worst, (w2[key] - w1[key]).abs().max().item())
     moved = sum(not torch.equal(w1[k], before[k]) for k in w1)
     assert moved == len(w1)  # every parameter changed: the comparison is not of two untouched models

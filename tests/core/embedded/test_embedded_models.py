@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from verl.embedded import models
 from verl.embedded.cache import cache_root, cached_dir
@@ -106,7 +106,7 @@ def test_default_cache_dir_from_environment(monkeypatch, tmp_path):
 
 def test_changed_settings_build_a_new_entry(monkeypatch, embedded_cache, tiny_model_dir):
     spec = models.EMBEDDED_MODELS["tiny-llama"]
-    smaller = EmbeddedModelSpec(spec.config_class, {**spec.settings, "num_hidden_layers": 1}, spec.seed)
+    smaller = EmbeddedModelSpec(spec.model_type, {**spec.settings, "num_hidden_layers": 1}, spec.seed)
     monkeypatch.setitem(models.EMBEDDED_MODELS, "tiny-llama", smaller)
     folder = materialize_embedded_model("tiny-llama", embedded_cache)
     assert folder != tiny_model_dir
@@ -136,3 +136,25 @@ def test_concurrent_builder_wins_the_rename(tmp_path):
     assert cached_dir(final, write) == final
     assert os.listdir(final) == ["theirs"]
     assert os.listdir(tmp_path) == ["entry"]  # our temporary copy is gone
+
+
+# tiny-qwen3-moe by hand (V = 83, d = 128, 4 layers, heads as tiny-llama's, 8 experts of width 96, top 2):
+#   per layer: attention 49152 + q/k norms 2*32 = 64; router 8*128 = 1024; experts 8 * 3*128*96 = 294912;
+#              2 norms 256 = 345408; 4 layers = 1381632
+#   embeddings 2*10624 = 21248, final norm 128             total 1381632 + 21248 + 128 = 1403008
+TINY_MOE_PARAMETERS = 1403008
+
+
+def test_the_embedded_mixture_of_experts_saves_per_expert_names(embedded_cache):
+    folder = materialize_embedded_model("embedded:tiny-qwen3-moe", embedded_cache)
+    config = AutoConfig.from_pretrained(folder)  # (transformers writes num_experts as num_local_experts)
+    assert (config.model_type, config.num_experts, config.num_experts_per_tok) == ("qwen3_moe", 8, 2)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    assert num_parameters(model) == TINY_MOE_PARAMETERS
+    from safetensors import safe_open
+
+    with safe_open(os.path.join(folder, "model.safetensors"), "pt") as f:  # what megatron's converter reads
+        names = set(f.keys())
+    assert {f"model.layers.3.mlp.experts.7.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")} <= names
+    tokenizer = AutoTokenizer.from_pretrained(folder)  # the character tokenizer, not a Qwen2 tokenizer swapped in
+    assert tokenizer.decode(tokenizer("12+7=19").input_ids) == "12+7=19"

@@ -50,6 +50,7 @@ class EngineConfig:
     fused_kernel_impl: str = "torch"
     seed: int = 1
     parallel: Optional[Any] = None  # the role's Layout from the plan, or a ParallelConfig (backends that split use it)
+    moe_aux_loss_coeff: float = 0.0  # a mixture of experts' load-balancing loss (megatron's formula); 0: off
     override_config: Dict[str, Any] = field(default_factory=dict)
 
     def compute_dtype(self) -> torch.dtype:

@@ -21,7 +21,7 @@ from verl.engine_protocol import EngineConfig, LossFn, Metrics, TrainEngine
 from verl.protocol import DataProto
 from verl.utils.offload import Away, empty_device_cache, optimizer_state_tensors
 from verl.utils.shared_prefix import attention_weight_of, pack_shared_prefixes, take_positions
-from verl_megatron import cpu_compat, torch_adam_fix
+from verl_megatron import cpu_compat, moe_metrics, torch_adam_fix
 from verl_megatron.context_parallel import chunk_positions, local_index, sum_over_group
 from verl_megatron.convert import PipelineSplit, SafetensorsFolder, dims_of, plan
 from verl_megatron.parallel import init_model_parallel, sequence_parallel
@@ -43,8 +43,7 @@ class MegatronEngine:
         return self.chunks
 
     def __init__(self, cfg: EngineConfig, *, weights_from: str = "hf"):
-        """weights_from: "hf" loads cfg.model_path's safetensors; "checkpoint" leaves the weights for
-        load_checkpoint (cfg.model_path then only needs config.json)."""
+        """weights_from: "hf" loads model_path's safetensors; "checkpoint" leaves them to load_checkpoint."""
         if not dist.is_initialized():
             raise RuntimeError("MegatronEngine needs torch.distributed initialised (the worker's init_distributed)")
         if weights_from not in ("hf", "checkpoint"):
@@ -77,12 +76,14 @@ class MegatronEngine:
             device=cfg.device,
             sequence_parallel=self.sequence_parallel,
             gradient_checkpointing=cfg.gradient_checkpointing,
+            moe_aux_loss_coeff=cfg.moe_aux_loss_coeff,
             # Kept for training even though every weight is then loaded: megatron marks tensor-parallel parameters
             # while initialising them, and without the marks the gradient norm counts TP shards as duplicates.
             # Export (weights_from="checkpoint", TP=1, no optimizer) skips it.
             overrides={"perform_initialization": weights_from == "hf"},
         )
         chunks = build_chunks(self.hf_config, self.config, layout, kind=cfg.kind, te=self.te, seed=cfg.seed)
+        self.router_load = moe_metrics.attach(chunks, self.config)  # (a mixture of experts': tokens per expert)
         self.dims = dims_of(self.hf_config, layout.tp)
         split = PipelineSplit(self.hf_config.num_hidden_layers, layout.pp, layout.chunks)
         self.placements = plan(self.hf_config, split, kind=cfg.kind, te=self.te, ep=layout.ep)
@@ -136,11 +137,7 @@ class MegatronEngine:
 
     # ---- setup -----------------------------------------------------------------------------------------
     def _wrap_ddp(self, chunks: List[torch.nn.Module]) -> List[torch.nn.Module]:
-        from megatron.core.distributed import (
-            DistributedDataParallel,
-            DistributedDataParallelConfig,
-            finalize_model_grads,
-        )
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True
@@ -457,7 +454,8 @@ class MegatronEngine:
                 self.state, self.optimizer, self.cfg, grad_norm=self._grad_norm, update=self._update
             )
         layout = parts.layout_metrics(len(micro), *self._tokens)
-        return {**self._from_last_stage(acc.totals), **step, **layout}
+        moe = self.router_load.take(self.device, len(micro)) if self.router_load is not None else {}
+        return {**self._from_last_stage(acc.totals), **step, **layout, **moe}
 
     def _grad_norm(self) -> float:
         """Megatron's step up to the norm: gradients to the main params, the global norm over TP/PP/DP."""

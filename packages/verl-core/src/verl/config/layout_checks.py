@@ -305,7 +305,10 @@ def model_experts(cfg: Any) -> Optional[int]:
     if not isinstance(path, str):
         return None
     if path.startswith("embedded:"):
-        return 0  # the embedded models are dense
+        from verl.embedded.specs import EMBEDDED_MODELS
+
+        spec = EMBEDDED_MODELS.get(path[len("embedded:") :])
+        return None if spec is None else int(spec.settings.get("num_experts", 0))
     try:
         with open(os.path.join(path, "config.json")) as f:
             hf = json.load(f)
@@ -340,6 +343,25 @@ def check_expert_parallel(ctx: Context) -> List[ConfigProblem]:
         elif experts and experts % ep:
             problems.append(
                 error_at(key, f"ep={ep} does not divide the model's {experts} experts", f"choose an ep dividing {experts}")
+            )
+    aux = value(ctx.cfg, "actor.moe_aux_loss_coeff")
+    if isinstance(aux, (int, float)) and aux > 0:
+        backend = value(ctx.cfg, "actor.backend")
+        if backend != "megatron":
+            problems.append(
+                error_at(
+                    "actor.moe_aux_loss_coeff",
+                    f"megatron's load-balancing loss; the actor uses {backend}",
+                    "set actor.moe_aux_loss_coeff=0, or actor.backend=megatron",
+                )
+            )
+        elif experts == 0:
+            problems.append(
+                error_at(
+                    "actor.moe_aux_loss_coeff",
+                    "a load-balancing loss balances a mixture of experts' router, and this model is dense",
+                    "set actor.moe_aux_loss_coeff=0",
+                )
             )
     for layout in ctx.draft.plan.layouts if ctx.draft.plan is not None else ():
         if experts and layout.backend == "megatron" and layout.tp > 1 and not layout.sequence_parallel:

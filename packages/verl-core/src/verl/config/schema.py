@@ -154,6 +154,8 @@ class WarmStartConfig:
     batch_size: int = at_least(64, 1)
     max_length: int = at_least(64, 1)  # tokens of prompt + response; longer examples are dropped and counted
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, weight_decay=0.0))
+    # megatron MoE: its load-balancing loss while learning from scratch (a random router collapses without it)
+    moe_aux_loss_coeff: float = non_negative(0.0)
 
 
 @dataclass
@@ -296,6 +298,9 @@ class ActorConfig:
     optimizer_offload: bool = False
     # LoRA: only adapters train; the reference is this model with its adapters off (no second model)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    # megatron, mixture-of-experts models: megatron's load-balancing loss, per routed layer
+    # coeff * E / (k * T^2) * sum_e P_e * count_e (not HF's router_aux_loss_coef); 0: off, the router as pretrained
+    moe_aux_loss_coeff: float = non_negative(0.0)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Embedded models: small Llama-style models built locally from a seed, written as Hugging Face folders.
+"""Embedded models: small Llama-style models (and a Qwen3-MoE) built locally from a seed, written as HF folders.
 
 `model.path: embedded:tiny-llama` in a recipe resolves, through `resolve_model_path`, to a folder in the
 cache (see `verl.embedded.cache`) that `AutoModelForCausalLM` / `AutoTokenizer.from_pretrained` load like
@@ -9,19 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    GenerationConfig,
-    LlamaConfig,
-    PretrainedConfig,
-    PreTrainedModel,
-)
+from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
 
 from verl.embedded.cache import (
     cache_root,
@@ -30,60 +22,12 @@ from verl.embedded.cache import (
     is_embedded,
     settings_hash,
 )
-from verl.embedded.tokenizer import (
-    CHARACTERS,
-    CHAT_TEMPLATE,
-    SPECIAL_TOKENS,
-    build_char_tokenizer,
-)
+from verl.embedded.specs import EMBEDDED_MODELS, EmbeddedModelSpec
+from verl.embedded.tokenizer import build_char_tokenizer
 
 logger = logging.getLogger(__name__)
 
-# Bump when the folder layout or build procedure changes, so old cache entries are not reused.
-FORMAT_VERSION = 1
-
-
-@dataclass(frozen=True)
-class EmbeddedModelSpec:
-    """How to build one embedded model: its config class, architecture settings and init seed."""
-
-    config_class: type[PretrainedConfig]
-    settings: Mapping[str, Any] = field(default_factory=dict)  # config kwargs besides vocab and special ids
-    seed: int = 0
-
-    def cache_key(self) -> dict[str, Any]:
-        """Everything that shapes the built folder; its hash names the cache entry."""
-        return {
-            "format": FORMAT_VERSION,
-            "model_type": self.config_class.model_type,
-            "settings": dict(self.settings),
-            "seed": self.seed,
-            "tokenizer": {
-                "special": list(SPECIAL_TOKENS),
-                "chars": CHARACTERS,
-                "template": CHAT_TEMPLATE,
-            },
-        }
-
-
-EMBEDDED_MODELS: dict[str, EmbeddedModelSpec] = {
-    # ~0.8M parameters: learns 2-digit addition with a short SFT warm start plus GRPO in minutes on one core.
-    "tiny-llama": EmbeddedModelSpec(
-        config_class=LlamaConfig,
-        settings={
-            "hidden_size": 128,
-            "num_hidden_layers": 4,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "intermediate_size": 384,
-            "max_position_embeddings": 64,
-            "rms_norm_eps": 1e-5,
-            "tie_word_embeddings": False,
-        },
-        seed=0,
-    ),
-}
-
+__all__ = ["EMBEDDED_MODELS", "EmbeddedModelSpec", "build_embedded_model", "materialize_embedded_model"]
 
 def parse_embedded(path: str) -> str:
     """The model NAME in "embedded:NAME"; an unknown name raises an error listing the known ones."""
@@ -98,7 +42,8 @@ def build_embedded_model(name: str) -> tuple[PreTrainedModel, Any]:
     """(model, tokenizer) for an embedded model, built in memory in float32 from the spec's seed."""
     spec = EMBEDDED_MODELS[parse_embedded(name)]
     tokenizer = build_char_tokenizer(model_max_length=spec.settings.get("max_position_embeddings"))
-    config = spec.config_class(
+    config = AutoConfig.for_model(
+        spec.model_type,
         **spec.settings,
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,

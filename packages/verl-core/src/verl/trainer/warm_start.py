@@ -27,6 +27,8 @@ def prepare_model(cfg: VerlConfig) -> str:
     if ws is None:
         return base
     settings = {"base": os.path.abspath(base), **to_dict(ws)}
+    if not ws.moe_aux_loss_coeff:  # (only when set: the cache keys of earlier runs stay valid)
+        settings.pop("moe_aux_loss_coeff")
     settings["data"] = [_file_identity(f) for f in ws.files]  # new data, new warm start (a name stays the same)
     if cfg.model.tokenizer_path:  # (only when set: the cache keys of earlier runs stay valid)
         settings["tokenizer"] = os.path.abspath(cfg.model.tokenizer_path)
@@ -82,6 +84,7 @@ def warm_start_config(cfg: VerlConfig, base: str, output_dir: str) -> DictConfig
             "ppo_mini_batch_size": ws.batch_size,
             "ppo_micro_batch_size_per_device": ws.batch_size,
             "optim": OmegaConf.to_container(ws.optim),
+            "moe_aux_loss_coeff": ws.moe_aux_loss_coeff,
         },
         "placement": {
             "devices_per_node": 1,

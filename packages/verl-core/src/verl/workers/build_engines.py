@@ -31,6 +31,7 @@ def train_engine(cfg: VerlConfig, role: RolePlan, *, model_path: str, total_step
         lora=_lora(section) if optimize else None,
         seed=cfg.trainer.seed,
         parallel=role.layout,
+        moe_aux_loss_coeff=float(section.get("moe_aux_loss_coeff", 0.0)) if optimize else 0.0,
         override_config=to_dict(cfg.model.override_config),
     )
     return load_engine(role.backend, "train")(engine_cfg)
