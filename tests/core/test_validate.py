@@ -258,6 +258,14 @@ def test_the_load_balancing_loss_is_megatrons_and_for_mixtures_of_experts():
     assert p.key == "actor.moe_aux_loss_coeff"
 
 
+def test_vllm_on_cpu_is_refused_for_a_mixture_of_experts():
+    moe = {"model": {"path": "embedded:tiny-qwen3-moe"}, "rollout": {"backend": "vllm"}}
+    p = only(check(moe, {"placement": {"device": "cpu"}}))
+    assert p.key == "rollout.backend" and "mixture of experts" in p.message and "rollout.backend=hf" in p.fix
+    assert not [p for p in errors(check(moe, {"placement": {"device": "cuda"}})) if p.key == "rollout.backend"]
+    assert not errors(check({"model": {"path": "embedded:tiny-qwen3-moe"}, "placement": {"device": "cpu"}}))
+
+
 def _moe_folder(path, experts: int = 8) -> str:
     path.mkdir()
     (path / "config.json").write_text(f'{{"model_type": "qwen3_moe", "num_experts": {experts}}}')

@@ -12,6 +12,7 @@ import torch
 
 from tests.rollout import engine_contract as contract
 from tests.support.engines import cuda_world_one, make_llama_dir  # noqa: F401
+from tests.support.fixtures import embedded_cache  # noqa: F401
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 # fp32 on GPU: the engines' kernels reduce in another order than torch's (and may use TF32).
@@ -32,14 +33,11 @@ def rollout(request, cuda_world_one, llama_dir):  # noqa: F811
         from verl_rollout.vllm import VLLMRollout as cls
     else:
         from verl_rollout.sglang import SGLangRollout as cls
+    from verl.engine_protocol import RolloutSettings
+
     cfg = RolloutConfig(temperature=1.0, gpu_memory_utilization=0.2, free_cache_engine=True)
-    return cls(
-        cfg,
-        model_path=llama_dir,
-        device="cuda",
-        dtype="float32",
-        **contract.SETTINGS,
-    )
+    # (the engines take their settings as one RolloutSettings: keyword arguments here would fail at construction)
+    return cls(cfg, model_path=llama_dir, settings=RolloutSettings(**contract.SETTINGS, device="cuda", dtype="float32"))
 
 
 def test_generate_layout(rollout):
@@ -94,3 +92,28 @@ def vllm_lora_rollout(cuda_world_one, llama_dir):  # noqa: F811
 def test_vllm_adapter_sync_follows_the_actor_through_sleep(vllm_lora_rollout, llama_dir):
     """Sleep offloads the base weights (they are not re-sent), the adapters alone arrive after each update."""
     contract.check_adapter_sync_follows_the_actor(vllm_lora_rollout, llama_dir, device="cuda", tol=GPU_TOL, rank=8)
+
+
+@pytest.fixture(scope="module")
+def moe_dir(embedded_cache) -> str:
+    from verl.embedded.models import materialize_embedded_model
+
+    return materialize_embedded_model("tiny-qwen3-moe", embedded_cache)
+
+
+@pytest.fixture(scope="module")
+def vllm_moe_rollout(cuda_world_one, moe_dir):  # noqa: F811
+    """vLLM serving the embedded tiny Qwen3-MoE (8 experts, top-2), synced under per-expert checkpoint names."""
+    pytest.importorskip("vllm", reason="vllm is not installed")
+    from verl.config.schema import RolloutConfig
+    from verl.engine_protocol import RolloutSettings
+    from verl_rollout.vllm import VLLMRollout
+
+    cfg = RolloutConfig(temperature=1.0, gpu_memory_utilization=0.2, free_cache_engine=True)
+    return VLLMRollout(cfg, model_path=moe_dir, settings=RolloutSettings(**contract.SETTINGS, device="cuda", dtype="float32"))
+
+
+def test_vllm_mixture_of_experts_log_probs_and_weight_sync_follow_the_actor(vllm_moe_rollout, moe_dir):
+    """On CPU vLLM's in-place reload of fused experts is refused (it changes them); on GPU it must follow the actor."""
+    contract.check_log_probs_match_the_actor(vllm_moe_rollout, moe_dir, 1.0, device="cuda", tol=GPU_TOL)
+    contract.check_weight_sync_follows_the_actor(vllm_moe_rollout, moe_dir, device="cuda", tol=GPU_TOL)

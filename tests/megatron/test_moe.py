@@ -89,6 +89,9 @@ def test_the_fsdp_engine_gives_the_same_mixture_of_experts_the_megatron_log_prob
     valid = batch.batch["response_mask"].bool()
     optim = OptimConfig(lr=1e-2, weight_decay=0.0, eps=1e-8)
     fsdp = FSDPEngine(EngineConfig(model_path=moe_dir, optim=optim, total_steps=10))
+    saved = safetensors.torch.load_file(f"{moe_dir}/model.safetensors")
+    streamed = dict(fsdp.weights())  # transformers' fused experts stream one by one: the megatron engine's names
+    assert streamed.keys() == saved.keys() and all(torch.equal(streamed[k], saved[k]) for k in saved)
     mega = engine(moe_dir, optim=True)
     want = mega.infer(batch, micro_batch_size=2).batch["log_probs"]
     got = fsdp.infer(batch, micro_batch_size=2).batch["log_probs"]

@@ -38,7 +38,7 @@ from verl.utils.offload import Away, empty_device_cache, optimizer_state_tensors
 from verl.utils.padding_free import padding_free
 from verl.utils.shared_prefix import MASKABLE_ATTENTION, PrefixPack, attention_weight_of, pack_shared_prefixes
 from verl_fsdp.lora import adapter_state, apply_lora, is_lora, merged_weights
-from verl_fsdp.model import build_model
+from verl_fsdp.model import build_model, checkpoint_tensors
 from verl_fsdp.parallelize import apply_fsdp
 
 LORA_ADAPTER_DIR = "lora_adapter"  # where export_hf writes a LoRA run's peft adapter folder
@@ -270,13 +270,14 @@ class FSDPEngine:
 
     # ---- weights and checkpoints ---------------------------------------------------------------------
     def weights(self) -> Iterator[Tuple[str, torch.Tensor]]:
-        """Full parameters in Hugging Face names; with LoRA, the base with the adapters merged in."""
+        """Full parameters under their checkpoint names (`model.checkpoint_tensors`: a mixture of experts' experts one
+        by one); with LoRA, the base with the adapters merged in."""
         self.params_away.resident()
-        if is_lora(self.model):
-            yield from merged_weights(self.model, _full)
-            return
-        for name, param in self.model.named_parameters():
-            yield name, _full(param.detach())
+        lora = is_lora(self.model)
+        hf_model = self.model.get_base_model() if lora else self.model
+        named = merged_weights(self.model, _full) if lora else self.model.named_parameters()
+        for name, tensor in named:
+            yield from checkpoint_tensors(hf_model, name, _full(tensor.detach()))
 
     def lora_adapter(self) -> Optional[Tuple[Dict[str, Any], Iterator[Tuple[str, torch.Tensor]]]]:
         """With LoRA: (peft adapter config, the adapter tensors, full, in peft's saved names); else None."""

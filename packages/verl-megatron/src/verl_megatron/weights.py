@@ -129,7 +129,7 @@ def generation_groups(layout: Layout, gen_tp: int) -> GenerationGroups:
 
 
 def hf_shapes(hf_config: Any, kind: str) -> Dict[str, torch.Size]:
-    """Shape of every HF parameter, from a meta-device instance of the HF model (no memory)."""
+    """Shape of every HF tensor under its checkpoint name, from a meta-device instance of the HF model (no memory)."""
     import copy
 
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
@@ -141,11 +141,13 @@ def hf_shapes(hf_config: Any, kind: str) -> Dict[str, torch.Size]:
             model = AutoModelForTokenClassification.from_config(cfg)
         else:
             model = AutoModelForCausalLM.from_config(cfg)
-    shapes = {n: p.shape for n, p in model.named_parameters()}
-    if moe.is_moe(cfg):  # transformers fuses a layer's experts; checkpoints (and the converter) name each one
-        shapes = {n: s for n, s in shapes.items() if ".experts." not in n}
-        shapes.update(moe.expert_shapes(cfg))
-    return shapes
+    if not moe.is_moe(cfg):
+        return {n: p.shape for n, p in model.named_parameters()}
+    # transformers fuses a layer's experts (and renames Mixtral's block) in memory; checkpoints, and the converter,
+    # name each expert: its own reverse conversion gives those names (on the meta tensors, no memory)
+    from transformers.core_model_loading import revert_weight_conversion
+
+    return {k: t.shape for n, p in model.named_parameters() for k, t in revert_weight_conversion(model, {n: p}).items()}
 
 
 @torch.no_grad()

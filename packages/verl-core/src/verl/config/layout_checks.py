@@ -257,6 +257,15 @@ def check_rollout_layout(ctx: Context) -> List[ConfigProblem]:
                     "set placement.device=cuda, or use rollout.backend=vllm (it has a CPU build) or hf",
                 )
             )
+    if ctx.cfg.rollout.backend == "vllm" and ctx.cfg.placement.device == "cpu" and model_experts(ctx.cfg):
+        problems.append(
+            error_at(
+                "rollout.backend",
+                "vLLM's CPU build cannot reload a mixture of experts' weights in place (its fused expert layers come "
+                "back changed), so the rollout would not follow the actor",
+                "use rollout.backend=hf on CPU, or placement.device=cuda",
+            )
+        )
     return problems
 
 
