@@ -3,7 +3,9 @@
 Skipped without CUDA. On one GPU: log-probs (TP=1) against the HF model, HF -> mcore -> HF exactness, one
 training step; then `recipes:grpo_tiny_megatron` at TP=1 on that GPU for a few steps, its step time printed
 and written to $VERL_GPU_RESULTS (a JSON file) when set; a few bf16 steps (the dtype GPU runs train in). With two
-or more GPUs the TP=2 (with and without sequence parallelism), PP=2 and CP=2 parity checks run too.
+or more GPUs the TP=2 (with and without sequence parallelism), PP=2 and CP=2 parity checks run too. A mixture of
+experts: log-probs against HF in float32 and bf16 (router in float32), a few steps of `recipes:grpo_tiny_moe`,
+and EP=2 over two GPUs.
 TransformerEngine's layers are used when the package is installed (the engine picks them itself).
 """
 
@@ -212,3 +214,69 @@ def test_two_gpu_log_probs_match_hf(wide_model_dir, parallel, dtype, atol):
         group.shutdown()
         pool.remove()
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    """A Qwen3-MoE (4 experts, top-2, one dense layer) wide enough for TransformerEngine's grouped GEMM."""
+    from tests.support.megatron_workers import random_model_dir
+
+    path = str(tmp_path_factory.mktemp("qwen3_moe"))
+    return random_model_dir(path, "qwen3_moe", tie=False, layers=4, vocab=64, hidden=128, head_dim=32, moe_intermediate_size=64)
+
+
+@pytest.mark.parametrize("dtype, atol", [("float32", LOGPROB_ATOL), ("bfloat16", BF16_LOGPROB_ATOL)])
+def test_moe_log_probs_and_a_step_on_one_gpu(moe_dir, dtype, atol):
+    """A mixture of experts on one GPU (grouped GEMM experts when TransformerEngine is installed), the router in
+    float32 whatever the dtype: HF's log-probs, and steps that lower the loss."""
+    from tests.support.megatron_workers import check_log_probs, parity_batch
+
+    engine = _one_gpu_engine(moe_dir, dtype)
+    assert engine.config.moe_router_dtype == "fp32"
+    batch = parity_batch(vocab=64)
+    got = engine.infer(batch, micro_batch_size=2).batch["log_probs"]
+    diff = check_log_probs([{"log_probs": got}], moe_dir, batch, atol=atol)
+    metrics = [engine.train_step(batch, _nll, micro_batch_size=2) for _ in range(3)]
+    print(f"GPU MoE {dtype} (TE: {engine.te}): max |log-prob - HF| = {diff:.2e}, nll {[m['nll'] for m in metrics]}")
+    assert metrics[-1]["nll"] < metrics[0]["nll"] and metrics[0]["moe/load_max"] >= 1.0
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="expert parallelism needs two GPUs")
+@pytest.mark.parametrize("dtype, atol", [("float32", LOGPROB_ATOL), ("bfloat16", BF16_LOGPROB_ATOL)])
+def test_two_gpu_expert_parallel_log_probs_match_hf(moe_dir, dtype, atol):
+    """EP=2 over NCCL (tokens all-to-all between the GPUs): HF's log-probs, and the model streams back whole."""
+    import ray
+
+    from tests.support.megatron_workers import EngineWorker, check_log_probs, parity_batch
+    from verl.controller import ResourcePool, init_ray, make_worker_group
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules["tests.support.megatron_workers"])
+    init_ray(num_gpus=2)
+    pool = ResourcePool("megatron", nnodes=1, devices_per_node=2, device="cuda")
+    group = make_worker_group("ray", pool, EngineWorker, {"ep": 2}, role="megatron")
+    try:
+        group.call("load", "m", moe_dir, dtype=dtype)
+        batch = parity_batch(vocab=64)
+        worst = check_log_probs(group.call("infer", "m", batch), moe_dir, batch, atol=atol)
+        print(f"GPU EP=2 {dtype}: max |log-prob - HF| = {worst:.2e}")
+    finally:
+        group.shutdown()
+        pool.remove()
+        ray.shutdown()
+
+
+def test_grpo_tiny_moe_steps_on_one_gpu(tmp_path):
+    """A few GRPO steps of the tiny mixture-of-experts recipe (EP=1) on the GPU; step time printed."""
+    from tests.support.run_configs import RECIPES
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    cmd = [sys.executable, "-m", "verl.cli", "train", str(RECIPES / "grpo_tiny_moe.yaml"), "placement.device=cuda"]
+    cmd += ["placement.devices_per_node=1", "actor.parallel.ep=1", "trainer.total_steps=5", "trainer.val_every=0"]
+    cmd += ["trainer.val_before_train=false", "trainer.resume=disable", f"trainer.output_dir={tmp_path}"]
+    cmd += ["tracking.loggers=[jsonl]", "model.warm_start=null"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-4000:]
+    rows = [json.loads(line) for f in glob.glob(f"{tmp_path}/logs/*.jsonl") for line in open(f)]
+    timed = [r for r in rows if "timing/step_s" in r]
+    assert len(timed) == 5 and all("actor/moe/load_max" in r for r in timed)
+    print(json.dumps({"gpu": torch.cuda.get_device_name(0), "moe_step_s": [r["timing/step_s"] for r in timed]}))
