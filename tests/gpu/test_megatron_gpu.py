@@ -196,6 +196,12 @@ def wide_model_dir(tmp_path_factory):
     ids=["tp2", "tp2-sp", "pp2", "cp2-bf16"],
 )
 def test_two_gpu_log_probs_match_hf(wide_model_dir, parallel, dtype, atol):
+    worst = _two_gpu_log_prob_diff(wide_model_dir, parallel, dtype, atol)
+    print(f"GPU {parallel}: max |log-prob - HF| = {worst:.2e}")
+
+
+def _two_gpu_log_prob_diff(model_dir: str, parallel: dict, dtype: str, atol: float) -> float:
+    """The model in `parallel` over two GPUs (Ray workers, NCCL): its log-probs' largest difference from HF's."""
     import ray
 
     from tests.support.megatron_workers import EngineWorker, check_log_probs, parity_batch
@@ -206,10 +212,9 @@ def test_two_gpu_log_probs_match_hf(wide_model_dir, parallel, dtype, atol):
     pool = ResourcePool("megatron", nnodes=1, devices_per_node=2, device="cuda")
     group = make_worker_group("ray", pool, EngineWorker, parallel, role="megatron")
     try:
-        group.call("load", "m", wide_model_dir, dtype=dtype)
+        group.call("load", "m", model_dir, dtype=dtype)
         batch = parity_batch(vocab=64)
-        worst = check_log_probs(group.call("infer", "m", batch), wide_model_dir, batch, atol=atol)
-        print(f"GPU {parallel}: max |log-prob - HF| = {worst:.2e}")
+        return check_log_probs(group.call("infer", "m", batch), model_dir, batch, atol=atol)
     finally:
         group.shutdown()
         pool.remove()
@@ -244,25 +249,9 @@ def test_moe_log_probs_and_a_step_on_one_gpu(moe_dir, dtype, atol):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="expert parallelism needs two GPUs")
 @pytest.mark.parametrize("dtype, atol", [("float32", LOGPROB_ATOL), ("bfloat16", BF16_LOGPROB_ATOL)])
 def test_two_gpu_expert_parallel_log_probs_match_hf(moe_dir, dtype, atol):
-    """EP=2 over NCCL (tokens all-to-all between the GPUs): HF's log-probs, and the model streams back whole."""
-    import ray
-
-    from tests.support.megatron_workers import EngineWorker, check_log_probs, parity_batch
-    from verl.controller import ResourcePool, init_ray, make_worker_group
-
-    ray.cloudpickle.register_pickle_by_value(sys.modules["tests.support.megatron_workers"])
-    init_ray(num_gpus=2)
-    pool = ResourcePool("megatron", nnodes=1, devices_per_node=2, device="cuda")
-    group = make_worker_group("ray", pool, EngineWorker, {"ep": 2}, role="megatron")
-    try:
-        group.call("load", "m", moe_dir, dtype=dtype)
-        batch = parity_batch(vocab=64)
-        worst = check_log_probs(group.call("infer", "m", batch), moe_dir, batch, atol=atol)
-        print(f"GPU EP=2 {dtype}: max |log-prob - HF| = {worst:.2e}")
-    finally:
-        group.shutdown()
-        pool.remove()
-        ray.shutdown()
+    """EP=2 over NCCL (tokens all-to-all between the GPUs): HF's log-probs."""
+    worst = _two_gpu_log_prob_diff(moe_dir, {"ep": 2}, dtype, atol)
+    print(f"GPU EP=2 {dtype}: max |log-prob - HF| = {worst:.2e}")
 
 
 def test_grpo_tiny_moe_steps_on_one_gpu(tmp_path):
