@@ -266,6 +266,19 @@ def test_vllm_on_cpu_is_refused_for_a_mixture_of_experts():
     assert not errors(check({"model": {"path": "embedded:tiny-qwen3-moe"}, "placement": {"device": "cpu"}}))
 
 
+def test_routing_replay_needs_a_megatron_mixture_of_experts_with_whole_sequences_per_rank():
+    moe, r2 = {"model": {"path": "embedded:tiny-qwen3-moe"}}, {"actor": {"routing_replay": "r2"}}
+    assert not errors(check(MEGATRON8, moe, r2, {"actor": {"parallel": {"ep": 2}}}))
+    p = only(check(MEGATRON8, {"model": {"path": "embedded:tiny-llama"}}, r2))
+    assert p.key == "actor.routing_replay" and "dense" in p.message
+    p = only(check({"placement": {"devices_per_node": 8}}, moe, r2))
+    assert p.key == "actor.routing_replay" and "megatron" in p.message
+    p = only(check(MEGATRON8, moe, r2, {"actor": {"parallel": {"tp": 2}}}))
+    assert p.key == "actor.routing_replay" and "tp=2" in p.message and "not built" in p.message
+    p = only(check(MEGATRON8, moe, {"actor": {"routing_replay": "r3"}}))
+    assert p.key == "actor.routing_replay"
+
+
 def _moe_folder(path, experts: int = 8) -> str:
     path.mkdir()
     (path / "config.json").write_text(f'{{"model_type": "qwen3_moe", "num_experts": {experts}}}')

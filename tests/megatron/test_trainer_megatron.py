@@ -150,3 +150,17 @@ def test_sft_on_a_tp2_megatron_actor_matches_fsdp(tmp_path):
     assert tp2[-1]["val/loss"] == pytest.approx(fsdp[-1]["val/loss"], rel=1e-4)
     for key in ("actor/loss", "actor/grad_norm"):
         assert [m[key] for m in tp2[1:]] == pytest.approx([m[key] for m in fsdp[1:]], rel=1e-4), key
+
+
+def test_grpo_on_a_mixture_of_experts_with_routing_replay(tmp_path):
+    """recipes:grpo_tiny_moe (EP=2 over two Ray workers) with actor.routing_replay=r2: the old-log-prob pass's
+    experts travel to the update as a batch column and the update replays them, every step, while the rollout
+    samples with the actor's weights."""
+    from tests.support.run_configs import ODD_LENGTH_REWARD
+
+    common = ("rollout.n=4", "actor.log_prob_micro_batch_size_per_device=4", ODD_LENGTH_REWARD)
+    summary = _run(tiny_config("grpo_tiny_moe", str(tmp_path), *common, "actor.routing_replay=r2", steps=2))
+    assert summary["steps"] == 2
+    for r in _metrics(tmp_path):
+        assert r["actor/moe/routes_replayed"] == 1.0 and r["actor/moe/load_max"] >= 1.0, r["step"]
+        assert 0 <= r["rollout/logprob_diff_max"] < 1e-4, r["step"]

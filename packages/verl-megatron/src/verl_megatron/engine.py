@@ -25,7 +25,9 @@ from verl_megatron import cpu_compat, moe_metrics, torch_adam_fix
 from verl_megatron.context_parallel import chunk_positions, local_index, sum_over_group
 from verl_megatron.convert import PipelineSplit, SafetensorsFolder, dims_of, plan
 from verl_megatron.parallel import init_model_parallel, sequence_parallel
-from verl_megatron.sequences import Rows, packed_rows, pad_rows, padded_rows, thd_rows
+from verl_megatron.routing_replay import ROUTES, Replay
+from verl_megatron.sequences import Rows, hf_positions, packed_rows, pad_rows, padded_rows, rows_kind, thd_rows
+from verl_megatron.sequences import zero_past
 from verl_megatron.weights import SyncStats, generation_groups, hf_shapes, load_hf, stream_hf, unwrap
 
 logger = logging.getLogger(__name__)
@@ -96,6 +98,7 @@ class MegatronEngine:
         self._gen_groups: Dict[int, Any] = {}
         self.last_sync = SyncStats()
         self._tokens = [0, 0, 0]  # this step's tokens: real, in the padded layout, computed (packed rows' count)
+        self._routes: Optional[Replay] = None
         self.optimizer = None
         self.state = parts.TrainState()
         if cfg.optim is not None:
@@ -211,7 +214,7 @@ class MegatronEngine:
         """Per-token outputs aligned with `responses` from the last stage's hidden states [b, s, h]."""
         if self.layout.cp == 1:
             h = take_positions(hidden, mb["hidden_row"], mb["predict_index"])  # [B, R, h]
-            return _zero_past(self._head(model, h, mb["labels"], temperature, entropy, entropy_grad), mb)
+            return zero_past(self._head(model, h, mb["labels"], temperature, entropy, entropy_grad), mb)
         from megatron.core import parallel_state as mpu
 
         # This rank predicts the response tokens whose predicting position it holds; the group sums the pieces.
@@ -224,7 +227,7 @@ class MegatronEngine:
         for key, value in local.items():
             placed = value.new_zeros(where.shape).index_put((rows, cols), value[0])
             full[key] = sum_over_group(placed, group)
-        return _zero_past(full, mb)
+        return zero_past(full, mb)
 
     def _head(
         self,
@@ -269,7 +272,7 @@ class MegatronEngine:
         """One micro-batch's rows: packed by shared prompt (model.shared_prefix, local attention: the mask is an
         input) where that pays and `pack` allows, else padded."""
         b = mb.batch
-        positions = b["position_ids"] if "position_ids" in b.keys() else _positions(b["attention_mask"])
+        positions = b["position_ids"] if "position_ids" in b.keys() else hf_positions(b["attention_mask"])
         if pack and self.cfg.shared_prefix and self.thd:
             return thd_rows(b["input_ids"], b["attention_mask"], positions, b["responses"], self.seq_multiple)
         if pack and self.cfg.shared_prefix and not self.te:
@@ -280,14 +283,14 @@ class MegatronEngine:
                 return packed_rows(prefix_pack, b["responses"])
         return padded_rows(b["input_ids"], b["attention_mask"], b["responses"], self.seq_multiple)
 
-    def _layouts(self, micro: List[DataProto]) -> List[Rows]:
+    def _layouts(self, micro: List[DataProto], pack: bool = True) -> List[Rows]:
         """Each micro-batch's rows, shaped as the schedule needs: with pipeline stages every micro-batch has one
         shape (all grown to the largest; padded rows for all when any does not pack), and lengths are multiples of
         what sequence and context parallelism split."""
-        rows = [self._rows(mb) for mb in micro]
+        rows = [self._rows(mb, pack) for mb in micro]
         self._tokens[0] += sum(int(mb.batch["attention_mask"].sum()) for mb in micro)
         self._tokens[1] += sum(mb.batch["input_ids"].numel() for mb in micro)
-        if self.layout.pp > 1 and len({_kind(r) for r in rows}) > 1:  # one kind for the schedule: padded
+        if self.layout.pp > 1 and len({rows_kind(r) for r in rows}) > 1:  # one kind for the schedule: padded
             rows = [self._rows(mb, pack=False) for mb in micro]
 
         def fit(length: int) -> int:  # (padded rows are sized so by `pack` already)
@@ -339,16 +342,21 @@ class MegatronEngine:
         temperature: float = 1.0,
         entropy: bool = False,
         entropy_grad: bool = True,
+        pack: bool = True,
+        replay: Optional[Replay] = None,
     ) -> None:
         """Run every micro-batch through megatron's schedule; the last stage calls on_outputs(outputs, mb, i),
-        whose returned loss (None: no backward) is what the schedule differentiates."""
+        whose returned loss (None: no backward) is what the schedule differentiates. pack=False: padded rows;
+        `replay`: padded rows, each micro-batch routed to its `routed_experts` column (or recorded: `record()`)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        packed = [self._inputs(rows) for rows in self._layouts(micro)]
+        packed = [self._inputs(rows) for rows in self._layouts(micro, pack=pack and replay is None)]
         n = len(micro)
 
         def forward_step(data_iterator, model):
             i, mb = next(data_iterator)
+            if replay is not None and not replay.recording:
+                replay.replay(micro[i].batch[ROUTES], micro[i].batch["attention_mask"], self.device)
             out = model(
                 mb["input_ids"],
                 mb["position_ids"],
@@ -369,15 +377,19 @@ class MegatronEngine:
 
         iterators = [iter(list(enumerate(packed))) for _ in self.chunks]
         seq = packed[0]["input_ids"].shape[1] * self.layout.cp  # the schedule divides by cp (and by tp under SP)
-        get_forward_backward_func()(
-            forward_step_func=forward_step,
-            data_iterator=iterators if len(iterators) > 1 else iterators[0],
-            model=self.chunks if len(self.chunks) > 1 else self.chunks[0],
-            num_microbatches=n,
-            seq_length=seq,
-            micro_batch_size=packed[0]["input_ids"].shape[0],
-            forward_only=forward_only,
-        )
+        try:
+            get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=iterators if len(iterators) > 1 else iterators[0],
+                model=self.chunks if len(self.chunks) > 1 else self.chunks[0],
+                num_microbatches=n,
+                seq_length=seq,
+                micro_batch_size=packed[0]["input_ids"].shape[0],
+                forward_only=forward_only,
+            )
+        finally:
+            if replay is not None:  # (recording or replaying: the routers choose for themselves again)
+                replay.off()
 
     def _from_last_stage(self, obj: Any) -> Any:
         """An object computed on the last pipeline stage, on every stage (small: metrics, per-token outputs)."""
@@ -398,15 +410,20 @@ class MegatronEngine:
         temperature: float = 1.0,
         entropy: bool = False,
         max_tokens: Optional[int] = None,
+        routes: bool = False,
     ) -> DataProto:
-        """verl.engine_protocol.TrainEngine.infer; `max_tokens` cuts micro-batches by tokens instead of rows."""
+        """verl.engine_protocol.TrainEngine.infer; `max_tokens` cuts micro-batches by tokens instead of rows;
+        `routes`: a mixture of experts also returns the experts every token went to (`routing_replay`)."""
         self._resident()
         for c in self.chunks:
             c.eval()
         outs: List[Dict[str, torch.Tensor]] = []
+        record = self._replay().record() if routes else None
 
         def keep(outputs: Dict[str, torch.Tensor], mb: DataProto, i: int) -> None:
             outs.append({k: v.detach().cpu() for k, v in outputs.items()})
+            if record is not None:  # (padded rows: whole rows, so the routes of every position)
+                outs[-1][ROUTES] = record.recorded(mb.batch["attention_mask"])
             return None
 
         with torch.no_grad():
@@ -416,6 +433,8 @@ class MegatronEngine:
                 temperature=temperature,
                 entropy=entropy,
                 on_outputs=keep,
+                pack=record is None,
+                replay=record,
             )
         merged = {k: torch.cat([o[k] for o in outs]) for k in outs[0]} if outs else None
         return DataProto.from_dict(self._from_last_stage(merged))
@@ -443,19 +462,20 @@ class MegatronEngine:
         acc = parts.Accumulator.for_batch(batch, loss_fn, group=mpu.get_data_parallel_group())
         self._tokens = [0, 0, 0]
         micro = self._micro_batches(batch, micro_batch_size, max_tokens)
-        self._run(
-            micro,
-            forward_only=False,
-            on_outputs=lambda outputs, mb, i: acc(outputs, mb),
-            **forward,
-        )
+        replay = self._replay() if ROUTES in batch.batch.keys() else None
+        self._run(micro, forward_only=False, on_outputs=lambda outputs, mb, i: acc(outputs, mb), replay=replay, **forward)
         with self.optim_away.back():  # (optimizer_offload: in host memory except while it steps, saves or loads)
             step = parts.optimizer_step(
                 self.state, self.optimizer, self.cfg, grad_norm=self._grad_norm, update=self._update
             )
         layout = parts.layout_metrics(len(micro), *self._tokens)
-        moe = self.router_load.take(self.device, len(micro)) if self.router_load is not None else {}
+        moe = self.router_load.take(self.device, len(micro), replay is not None) if self.router_load is not None else {}
         return {**self._from_last_stage(acc.totals), **step, **layout, **moe}
+
+    def _replay(self) -> Replay:
+        """Routing replay over this engine's routers (built on first use; refused for a dense model)."""
+        self._routes = self._routes or Replay(self.chunks, self.layout)
+        return self._routes
 
     def _grad_norm(self) -> float:
         """Megatron's step up to the norm: gradients to the main params, the global norm over TP/PP/DP."""
@@ -524,23 +544,6 @@ class MegatronEngine:
         from verl_megatron.engine_checkpoint import export_engine
 
         export_engine(self, path)
-
-
-def _kind(rows: Rows) -> str:
-    return "thd" if rows.cu_seqlens is not None else "padded" if rows.mask is None else "packed"
-
-
-def _zero_past(outputs: Dict[str, torch.Tensor], mb: Dict[str, Any]) -> Dict[str, torch.Tensor]:
-    """Packed rows hold no position past a response's end: outputs there are 0 (padded rows compute them)."""
-    valid = mb["valid"]
-    if valid is None:
-        return outputs
-    return {k: v * valid.to(v.dtype) for k, v in outputs.items()}
-
-
-def _positions(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Hugging Face's position ids of left-padded rows: 0 at each row's first real token."""
-    return (attention_mask.long().cumsum(1) - 1).clamp(min=0)
 
 
 def _conforms(engine: MegatronEngine) -> TrainEngine:  # (the type checker holds the engine to its protocol)

@@ -111,6 +111,7 @@ def moe_config_kwargs(hf_config: Any, aux_loss_coeff: float = 0.0) -> Dict[str, 
         moe_layer_freq=[int(m) for m in moe_layers(hf_config)],
         moe_token_dispatcher_type="alltoall",
         moe_permute_fusion=False,
+        moe_enable_routing_replay=True,  # (routing_replay.py; routers compute their own top-k unless told)
     )
 
 

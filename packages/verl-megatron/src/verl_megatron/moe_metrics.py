@@ -53,11 +53,12 @@ class RouterLoad:
 
         return count
 
-    def take(self, device: torch.device, micro_batches: int) -> Dict[str, float]:
+    def take(self, device: torch.device, micro_batches: int, replayed: bool = False) -> Dict[str, float]:
         """moe/load_max and moe/load_min: the most and least tokens an expert received, as a multiple of its layer's
         mean (1 and 1: balanced; load_min 0: an expert no token reached), over every routed layer of the model;
         moe/balance_loss: megatron's load-balancing term before its coefficient (1: balanced), averaged over
-        layers, ranks and micro-batches, when that loss is on. Counting starts over. Collective: every rank calls it."""
+        layers, ranks and micro-batches, when that loss is on; moe/routes_replayed: 1 when the step's tokens went to
+        given experts (routing replay), else 0. Counting starts over. Collective: every rank calls it."""
         from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker, get_moe_layer_wise_logging_tracker
 
         counts = self.counts if self.counts is not None else torch.zeros(self.num_layers, self.num_experts)
@@ -81,7 +82,7 @@ class RouterLoad:
         if not bool(routed.any()):
             return {}
         load = counts[routed] / counts[routed].mean(dim=1, keepdim=True)
-        out = {"moe/load_max": float(load.max()), "moe/load_min": float(load.min())}
+        out = {"moe/load_max": float(load.max()), "moe/load_min": float(load.min()), "moe/routes_replayed": float(replayed)}
         if tracked is not None:
             out["moe/balance_loss"] = float((balance[routed] / holders[routed]).mean() / max(micro_batches, 1))
         return out

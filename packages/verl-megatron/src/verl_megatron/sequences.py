@@ -18,7 +18,7 @@ no pad token computed except the few that round the stream up to what sequence p
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 import torch
 
@@ -33,6 +33,14 @@ class Packed:
     labels: torch.Tensor  # [B, R] the response tokens
 
 
+def rotation(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, S] where each position of a padded row comes from: row b's rotated position l holds its original position
+    (l + leading padding) % S. A permutation of each row: every position, padding too, has one place."""
+    s = attention_mask.shape[1]
+    shift = (~attention_mask.bool()).long().cumprod(1).sum(1)
+    return (torch.arange(s, device=attention_mask.device) + shift[:, None]) % s
+
+
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: torch.Tensor, multiple: int = 1) -> Packed:
     """Rotate rows so real tokens start at 0; where each response token is predicted from afterwards.
 
@@ -42,7 +50,7 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: torch
     r = responses.shape[1]
     mask = attention_mask.bool()
     shift = (~mask).long().cumprod(1).sum(1)  # leading padding per row
-    idx = (torch.arange(s, device=input_ids.device) + shift[:, None]) % s
+    idx = rotation(attention_mask)
     rotated_mask = torch.gather(mask, 1, idx)
     # Real tokens must be one run: after rotation, no real token may follow a padding one.
     if bool((rotated_mask[:, 1:] & ~rotated_mask[:, :-1]).any()):
@@ -144,3 +152,21 @@ def pad_rows(rows: Rows, count: int, length: int) -> Rows:
         rows.labels,
         cu,
     )
+
+
+def rows_kind(rows: Rows) -> str:
+    """thd, padded or packed: which layout `rows` are in."""
+    return "thd" if rows.cu_seqlens is not None else "padded" if rows.mask is None else "packed"
+
+
+def zero_past(outputs: Dict[str, torch.Tensor], mb: Dict[str, Any]) -> Dict[str, torch.Tensor]:
+    """Packed rows hold no position past a response's end: outputs there are 0 (padded rows compute them)."""
+    valid = mb["valid"]
+    if valid is None:
+        return outputs
+    return {k: v * valid.to(v.dtype) for k, v in outputs.items()}
+
+
+def hf_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's position ids of left-padded rows: 0 at each row's first real token."""
+    return (attention_mask.long().cumsum(1) - 1).clamp(min=0)

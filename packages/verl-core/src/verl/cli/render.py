@@ -107,6 +107,11 @@ def _batch_lines(plan: Plan) -> List[str]:
             if plan.old_log_probs == "update"
             else f"old log-probs: a pass before the update ({plan.old_log_probs_why})"
         )
+    if plan.has("actor") and plan.trainer == "ppo" and plan.routing_replay != "none":
+        lines.append(
+            f"routing replay: {plan.routing_replay} (the old-log-prob pass records the experts each token goes to, as "
+            "a batch column; the update routes every token to them; both run padded rows)"
+        )
     if plan.shared_prefix:
         lines.append(
             f"packed rows ({', '.join(plan.shared_prefix)}): the samples of a prompt are one sequence, its prompt "

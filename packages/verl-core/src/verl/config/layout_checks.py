@@ -326,6 +326,29 @@ def model_experts(cfg: Any) -> Optional[int]:
     return int(hf.get("num_experts") or hf.get("num_local_experts") or 0)
 
 
+def _routing_replay_problems(ctx: Context, experts: Optional[int]) -> List[ConfigProblem]:
+    """actor.routing_replay=r2: a megatron mixture of experts whose ranks hold whole sequences and every layer."""
+    key, backend = "actor.routing_replay", value(ctx.cfg, "actor.backend")
+    if backend != "megatron":
+        why = f"routing replay is built on the megatron engine; the actor uses {backend}"
+        return [error_at(key, why, f"set {key}=none, or actor.backend=megatron")]
+    if experts == 0:
+        why = "routing replay replays a mixture of experts' routes, and this model is dense"
+        return [error_at(key, why, f"set {key}=none")]
+    actor = next((lay for lay in ctx.draft.plan.layouts if lay.role == "actor"), None) if ctx.draft.plan else None
+    split = {a: getattr(actor, a) for a in ("tp", "cp", "pp")} if actor is not None else {}
+    if any(n > 1 for n in split.values()):
+        sizes = ", ".join(f"{a}={n}" for a, n in split.items())
+        return [
+            error_at(
+                key,
+                f"routing replay with {sizes} is not built (each rank must hold whole sequences and every layer)",
+                f"split the actor with parallel.ep and data parallelism only, or set {key}=none",
+            )
+        ]
+    return []
+
+
 def check_expert_parallel(ctx: Context) -> List[ConfigProblem]:
     """Expert parallelism (ep, etp) splits a mixture of experts' layers: megatron only, experts % ep == 0, and
     the expert groups tiling the ranks of a pipeline stage (tp*cp*dp % (etp*ep) == 0, as megatron requires)."""
@@ -372,6 +395,8 @@ def check_expert_parallel(ctx: Context) -> List[ConfigProblem]:
                     "set actor.moe_aux_loss_coeff=0",
                 )
             )
+    if value(ctx.cfg, "actor.routing_replay") == "r2":
+        problems += _routing_replay_problems(ctx, experts)
     for layout in ctx.draft.plan.layouts if ctx.draft.plan is not None else ():
         if experts and layout.backend == "megatron" and layout.tp > 1 and not layout.sequence_parallel:
             problems.append(

@@ -156,6 +156,7 @@ class Plan:
     # trainer.mode: sync (generate, then train) or one_step_off (the next batch generated while the actor trains)
     mode: str = "sync"
     max_staleness: int = 1  # trainer.mode=async: the bound on a sample's policy lag (trainer.max_staleness)
+    routing_replay: str = "none"  # actor.routing_replay: r2 records the experts in the old-log-prob pass, replays them
     # rollout.agent.loop: the agent loop that makes each sample's trajectory (None: one completion per sample)
     agent_loop: Optional[str] = None
     agent_max_turns: int = 1
@@ -358,6 +359,7 @@ def draft_plan(cfg: Any, total_steps: Optional[int] = None) -> Draft:
         balance_cost="attention" if value(cfg, "trainer.balance_cost") == "attention" else "tokens",
         mode=str(value(cfg, "trainer.mode") or "sync"),
         max_staleness=int(value(cfg, "trainer.max_staleness") or 0),
+        routing_replay=str(value(cfg, "actor.routing_replay") or "none"),
         agent_loop=_agent_loop(value(cfg, "rollout.agent.loop")),
         agent_max_turns=int(value(cfg, "rollout.agent.max_turns") or 1),
         trainer=trainer_kind(cfg),
@@ -448,6 +450,8 @@ def on_policy_problem(cfg: DictConfig, batch: Optional[BatchPlan]) -> Optional[s
         return None  # the DPO loss compares with the reference only, SFT's with the data: no old policy to keep
     if value(cfg, "actor.recompute_old_log_probs") == "always":
         return "actor.recompute_old_log_probs=always"
+    if value(cfg, "actor.routing_replay") == "r2":
+        return "actor.routing_replay=r2 records each token's experts in it for the update to replay"
     if actor is None or actor.mini_batches is None:
         return "the actor's mini-batches are not resolved"
     if actor.epochs != 1 or actor.mini_batches != 1:

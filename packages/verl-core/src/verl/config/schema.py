@@ -298,9 +298,9 @@ class ActorConfig:
     optimizer_offload: bool = False
     # LoRA: only adapters train; the reference is this model with its adapters off (no second model)
     lora: LoraConfig = field(default_factory=LoraConfig)
-    # megatron, mixture-of-experts models: megatron's load-balancing loss, per routed layer
-    # coeff * E / (k * T^2) * sum_e P_e * count_e (not HF's router_aux_loss_coef); 0: off, the router as pretrained
+    # megatron MoE: its load-balancing loss per routed layer (megatron's formula, not HF's router_aux_loss_coef), 0: off
     moe_aux_loss_coeff: float = non_negative(0.0)
+    routing_replay: str = one_of("none", "none", "r2")  # megatron MoE, r2: the update replays the old pass's experts
 
 
 @dataclass

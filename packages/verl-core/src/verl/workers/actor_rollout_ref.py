@@ -151,8 +151,12 @@ class ActorRolloutRefWorker(Worker):
             for key, role in (("old_log_probs", "actor"), ("ref_log_probs", "ref")):
                 engine = getattr(self, role)
                 if engine is not None and plan.role(role) in plan.log_prob_passes:
-                    infer = engine.infer(batch, temperature=plan.temperature, **pass_sizes(plan.role(role)))
+                    # routing replay (r2): the actor's pass also returns the experts each token went to
+                    routes = {"routes": True} if role == "actor" and self.cfg.actor.routing_replay == "r2" else {}
+                    infer = engine.infer(batch, temperature=plan.temperature, **pass_sizes(plan.role(role)), **routes)
                     out[key] = infer.batch["log_probs"]
+                    if routes:
+                        out["routed_experts"] = infer.batch["routed_experts"]
         if self.ref is not None:  # its one pass of the step is done (ref.param_offload)
             self.ref.release_memory()
         return DataProto.from_dict(out)

@@ -14,9 +14,11 @@ PROMPTS = ("input_ids", "attention_mask", "position_ids")
 def actor_update_columns(cfg: VerlConfig, old_log_probs: bool = True) -> Tuple[str, ...]:
     """What the actor's loss reads: the policy-gradient inputs with the rollout's log-probs (every policy loss
     receives them: truncated importance sampling, or a plugin's own correction), plus the reference's
-    log-probs for a KL loss. Without `old_log_probs` the update takes them from its own forward."""
+    log-probs for a KL loss, and the old pass's experts under routing replay. Without `old_log_probs` the update
+    takes them from its own forward."""
     old = ("old_log_probs",) if old_log_probs else ()
     extra = ("ref_log_probs",) if cfg.actor.use_kl_loss else ()
+    extra += ("routed_experts",) if cfg.actor.routing_replay == "r2" else ()  # (the experts the update replays)
     return MODEL_INPUTS + ("response_mask", *old, "advantages", "rollout_log_probs") + extra
 
 
