@@ -17,7 +17,7 @@ def actor_update_columns(cfg: VerlConfig, old_log_probs: bool = True) -> Tuple[s
     log-probs for a KL loss, and the old pass's experts under routing replay. Without `old_log_probs` the update
     takes them from its own forward."""
     old = ("old_log_probs",) if old_log_probs else ()
-    extra = ("ref_log_probs",) if cfg.actor.use_kl_loss else ()
+    extra: Tuple[str, ...] = ("ref_log_probs",) if cfg.actor.use_kl_loss else ()
     extra += ("routed_experts",) if cfg.actor.routing_replay == "r2" else ()  # (the experts the update replays)
     return MODEL_INPUTS + ("response_mask", *old, "advantages", "rollout_log_probs") + extra
 
