@@ -37,7 +37,8 @@ def model(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def workers(ray_two_cpus):  # noqa: F811
     """Two EngineWorkers, laid out anew per test (one start-up for the file)."""
-    pool = ResourcePool("megatron", nnodes=1, devices_per_node=2, cpus_per_device=1)
+    # Half of the two CPUs: the four-worker test below asks for the other half while this group lives (module scope)
+    pool = ResourcePool("megatron", nnodes=1, devices_per_node=2, cpus_per_device=0.5)
     group = make_worker_group("ray", pool, EngineWorker, {}, role="megatron", env={"OMP_NUM_THREADS": "1"})
 
     @contextlib.contextmanager
@@ -75,7 +76,7 @@ def test_log_probs_gradient_and_round_trip_match_hf(workers, model, parallel):
 def test_tp2_etp1_ep2_pp2_over_four_workers_matches_hf_and_round_trips(ray_two_cpus, tmp_path, family):
     """Every axis at once: attention split over TP=2, whole experts over EP=2 (ETP=1), layers over PP=2."""
     path = random_model_dir(str(tmp_path / family), family, tie=False, seed=5)
-    pool = ResourcePool("megatron", nnodes=1, devices_per_node=4, cpus_per_device=0.5)
+    pool = ResourcePool("megatron", nnodes=1, devices_per_node=4, cpus_per_device=0.25)  # (beside `workers`' half)
     parallel = {"tp": 2, "etp": 1, "ep": 2, "pp": 2}
     group = make_worker_group("ray", pool, EngineWorker, parallel, role="megatron", env={"OMP_NUM_THREADS": "1"})
     try:
