@@ -32,13 +32,13 @@ from torch.distributed.tensor import DTensor
 from verl import engine_skeleton as parts
 from verl.engine_protocol import EngineConfig, LossFn, Metrics, TrainEngine
 from verl.protocol import DataProto
-from verl.utils.hf_files import copy_tokenizer_files
+from verl.utils.hf_files import checkpoint_tensors, copy_tokenizer_files
 from verl.utils.logprob import entropy_from_logits, logprobs_from_logits
 from verl.utils.offload import Away, empty_device_cache, optimizer_state_tensors
 from verl.utils.padding_free import padding_free
 from verl.utils.shared_prefix import MASKABLE_ATTENTION, PrefixPack, attention_weight_of, pack_shared_prefixes
 from verl_fsdp.lora import adapter_state, apply_lora, is_lora, merged_weights
-from verl_fsdp.model import build_model, checkpoint_tensors
+from verl_fsdp.model import build_model
 from verl_fsdp.parallelize import apply_fsdp
 
 LORA_ADAPTER_DIR = "lora_adapter"  # where export_hf writes a LoRA run's peft adapter folder
@@ -270,7 +270,7 @@ class FSDPEngine:
 
     # ---- weights and checkpoints ---------------------------------------------------------------------
     def weights(self) -> Iterator[Tuple[str, torch.Tensor]]:
-        """Full parameters under their checkpoint names (`model.checkpoint_tensors`: a mixture of experts' experts one
+        """Full parameters under their checkpoint names (`hf_files.checkpoint_tensors`: a mixture of experts' experts one
         by one); with LoRA, the base with the adapters merged in."""
         self.params_away.resident()
         lora = is_lora(self.model)

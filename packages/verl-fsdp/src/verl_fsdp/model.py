@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Tuple
-
 import torch
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, PreTrainedModel
 
@@ -22,16 +20,6 @@ def build_model(cfg: EngineConfig, dtype: torch.dtype) -> PreTrainedModel:
         hf_config.classifier_dropout = 0.0
         return AutoModelForTokenClassification.from_pretrained(cfg.model_path, **kwargs)
     raise ValueError(f"unknown model kind '{cfg.kind}': use causal_lm or value")
-
-
-def checkpoint_tensors(model: PreTrainedModel, name: str, tensor: torch.Tensor) -> Iterator[Tuple[str, torch.Tensor]]:
-    """One parameter as `save_pretrained` writes it, by transformers' own reverse conversion: most pass through as
-    they are; a mixture of experts' fused experts (`mlp.experts.gate_up_proj` [E, 2I, H], `down_proj`) come apart
-    into one tensor per expert and projection under the checkpoint's names (Mixtral's under `block_sparse_moe`), the
-    wire format the megatron engine and `verl export` stream and the rollouts load."""
-    from transformers.core_model_loading import revert_weight_conversion
-
-    yield from revert_weight_conversion(model, {name: tensor}).items()
 
 
 def decoder_layers(model: PreTrainedModel) -> list[torch.nn.Module]:

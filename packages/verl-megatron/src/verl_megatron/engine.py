@@ -342,15 +342,14 @@ class MegatronEngine:
         temperature: float = 1.0,
         entropy: bool = False,
         entropy_grad: bool = True,
-        pack: bool = True,
         replay: Optional[Replay] = None,
     ) -> None:
         """Run every micro-batch through megatron's schedule; the last stage calls on_outputs(outputs, mb, i),
-        whose returned loss (None: no backward) is what the schedule differentiates. pack=False: padded rows;
-        `replay`: padded rows, each micro-batch routed to its `routed_experts` column (or recorded: `record()`)."""
+        whose returned loss (None: no backward) is what the schedule differentiates. `replay`: padded rows, each
+        micro-batch routed to its `routed_experts` column, or their routes recorded (`Replay.record()`)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        packed = [self._inputs(rows) for rows in self._layouts(micro, pack=pack and replay is None)]
+        packed = [self._inputs(rows) for rows in self._layouts(micro, pack=replay is None)]
         n = len(micro)
 
         def forward_step(data_iterator, model):
@@ -433,7 +432,6 @@ class MegatronEngine:
                 temperature=temperature,
                 entropy=entropy,
                 on_outputs=keep,
-                pack=record is None,
                 replay=record,
             )
         merged = {k: torch.cat([o[k] for o in outs]) for k in outs[0]} if outs else None

@@ -72,7 +72,8 @@ class RouterLoad:
         summed = torch.cat([counts.flatten(), holders, balance])
         if self.counts is not None:
             self.counts.zero_()
-        clear_aux_losses_tracker()
+        if tracked is not None:
+            clear_aux_losses_tracker()
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(summed)
         counts = summed[: counts.numel()].view(self.num_layers, self.num_experts)

@@ -145,9 +145,9 @@ def hf_shapes(hf_config: Any, kind: str) -> Dict[str, torch.Size]:
         return {n: p.shape for n, p in model.named_parameters()}
     # transformers fuses a layer's experts (and renames Mixtral's block) in memory; checkpoints, and the converter,
     # name each expert: its own reverse conversion gives those names (on the meta tensors, no memory)
-    from transformers.core_model_loading import revert_weight_conversion
+    from verl.utils.hf_files import checkpoint_tensors
 
-    return {k: t.shape for n, p in model.named_parameters() for k, t in revert_weight_conversion(model, {n: p}).items()}
+    return {k: t.shape for n, p in model.named_parameters() for k, t in checkpoint_tensors(model, n, p)}
 
 
 @torch.no_grad()

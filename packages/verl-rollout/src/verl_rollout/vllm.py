@@ -86,14 +86,9 @@ def remove_stale_cpu_shm(tp: int, shm_dir: str = "/dev/shm") -> List[str]:
 
 def _cpu_moe_reload(model_path: str) -> Optional[str]:
     """Why weights cannot be synced into this model on vLLM's CPU build (a mixture of experts), else None."""
-    import json
+    from verl.utils.hf_files import folder_experts
 
-    try:
-        with open(os.path.join(model_path, "config.json")) as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if not (config.get("num_experts") or config.get("num_local_experts")):
+    if not folder_experts(model_path):
         return None
     return (
         f"vLLM's CPU build cannot reload a mixture of experts' weights in place ({model_path}: its fused expert "

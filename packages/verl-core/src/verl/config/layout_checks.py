@@ -307,8 +307,7 @@ def check_sequence_parallel(ctx: Context) -> List[ConfigProblem]:
 def model_experts(cfg: Any) -> Optional[int]:
     """Routed experts of the configured model from its config.json (0: a dense model; None: not known here, such
     as a folder that lives only on the training machine)."""
-    import json
-    import os
+    from verl.utils.hf_files import folder_experts
 
     path = value(cfg, "model.path")
     if not isinstance(path, str):
@@ -318,12 +317,7 @@ def model_experts(cfg: Any) -> Optional[int]:
 
         spec = EMBEDDED_MODELS.get(path[len("embedded:") :])
         return None if spec is None else int(spec.settings.get("num_experts", 0))
-    try:
-        with open(os.path.join(path, "config.json")) as f:
-            hf = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return int(hf.get("num_experts") or hf.get("num_local_experts") or 0)
+    return folder_experts(path)
 
 
 def _routing_replay_problems(ctx: Context, experts: Optional[int]) -> List[ConfigProblem]:

@@ -1,10 +1,13 @@
-"""Files of a Hugging Face model folder that travel with exported weights."""
+"""Hugging Face model folders and checkpoints: the files that travel with exported weights, the experts a folder's
+config declares, and tensors under the names a checkpoint gives them."""
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
+from typing import Any, Iterator, Optional, Tuple
 
 # Everything a tokenizer (and generation defaults) is loaded from; weights and config are written anew.
 TOKENIZER_GLOBS = (
@@ -26,3 +29,23 @@ def copy_tokenizer_files(src: str, dst: str) -> list[str]:
                 shutil.copy2(f, os.path.join(dst, os.path.basename(f)))
                 copied.append(os.path.basename(f))
     return sorted(copied)
+
+
+def folder_experts(path: str) -> Optional[int]:
+    """Routed experts per layer that the config.json in `path` declares (0: a dense model; None: no readable config)."""
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return int(config.get("num_experts") or config.get("num_local_experts") or 0)
+
+
+def checkpoint_tensors(model: Any, name: str, tensor: Any) -> Iterator[Tuple[str, Any]]:
+    """One parameter of a transformers model as `save_pretrained` writes it, by transformers' own reverse
+    conversion: most pass through as they are; a mixture of experts' fused experts (`mlp.experts.gate_up_proj`
+    [E, 2I, H], `down_proj`) come apart into one tensor per expert and projection under the checkpoint's names
+    (Mixtral's under `block_sparse_moe`). The wire format every engine streams and the rollouts load."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    yield from revert_weight_conversion(model, {name: tensor}).items()
