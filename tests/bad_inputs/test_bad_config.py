@@ -310,6 +310,12 @@ CASES = [
         "model.warm_start.files[0]",
         "response",
     ),
+    (
+        "warm_start_val_missing",
+        ["model.warm_start.val_files=[/no/sft_val.parquet]"],
+        "model.warm_start.val_files[0]",
+        "/no/sft_val.parquet",
+    ),
     ("resume_missing", ["trainer.resume=/no/such/ckpt"], "trainer.resume", "/no/such/ckpt"),
     ("resume_incomplete", ["trainer.resume={step_3}"], "trainer.resume", "COMPLETE"),
 ]

@@ -300,3 +300,42 @@ def test_info_into_a_closed_pipe_exits_quietly(monkeypatch, capsys):
 def test_bad_arguments_exit_2(capsys, argv):
     code, out, err = run(capsys, *argv)
     assert code == 2 and "usage" in err
+
+
+@pytest.fixture
+def own_paths(monkeypatch):
+    """sys.path, PYTHONPATH and imported modules as they were, after the test."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    yield
+    for name in [n for n in sys.modules if n.startswith("beside_recipe_") or n.startswith("in_cwd_")]:
+        del sys.modules[name]
+
+
+SCORE = "def score(prompt, response, ground_truth, extra):\n    return float(response == ground_truth)\n"
+
+
+def test_a_reward_module_beside_the_recipe_or_in_the_working_directory_imports(
+    tmp_path, capsys, monkeypatch, own_paths
+):
+    import subprocess
+
+    recipes, work = tmp_path / "recipes", tmp_path / "work"
+    recipes.mkdir(), work.mkdir()
+    (recipes / "beside_recipe_rewards.py").write_text(SCORE)
+    (work / "in_cwd_rewards.py").write_text(SCORE)
+    monkeypatch.chdir(work)
+    for module in ("beside_recipe_rewards", "in_cwd_rewards"):
+        text = RECIPE.replace("reward: {fn: arithmetic}", f"reward: {{fn: {{_target_: {module}.score}}}}")
+        code, out, err = run(capsys, "validate", recipe(recipes, text))
+        assert code == 0, err
+        # worker processes started from here find it too (a local Ray cluster's inherit this environment)
+        child = subprocess.run([sys.executable, "-c", f"import {module}"], env=os.environ, capture_output=True)
+        assert child.returncode == 0, child.stderr.decode()
+
+
+def test_a_reward_module_nowhere_on_the_path_says_where_modules_are_found(tmp_path, capsys, own_paths):
+    text = RECIPE.replace("reward: {fn: arithmetic}", "reward: {fn: {_target_: in_cwd_nowhere.score}}")
+    code, out, err = run(capsys, "validate", recipe(tmp_path, text))
+    assert code == 2 and "cannot import module 'in_cwd_nowhere'" in err
+    assert "working directory or beside the recipe" in err and "PYTHONPATH" in err

@@ -559,3 +559,26 @@ def test_an_sft_run_needs_no_rollout_backend():
     sft = {"algorithm": {"name": "sft"}, "placement": {"pools": [{"name": "train", "roles": ["actor"]}]}}
     assert [p.key for p in check(sft, installed=only_fsdp) if p.severity == "error"] == []
     assert "rollout.backend" in [p.key for p in check({}, installed=only_fsdp)]  # (an RL run needs one)
+
+
+def test_stop_when_needs_one_bound_a_validation_metric_and_validation():
+    validating = {"data": {"val_files": ["embedded:arithmetic-val"]}, "trainer": {"val_every": 10}}
+    ok = {"trainer": {"stop_when": {"metric": "val/accuracy", "at_least": 0.8}}}
+    assert not errors(check(validating, ok))
+    p = only(check(validating, {"trainer": {"stop_when": {"metric": "val/accuracy"}}}))
+    assert p.key == "trainer.stop_when" and "one bound, got 0" in p.message and "at_least" in p.fix
+    both = {"trainer": {"stop_when": {"metric": "val/loss", "at_least": 0.1, "at_most": 1.0}}}
+    assert "one bound, got 2" in only(check(validating, both)).message
+    p = only(check(validating, {"trainer": {"stop_when": {"metric": "actor/loss", "at_most": 0.1}}}))
+    assert p.key == "trainer.stop_when.metric" and "not a validation metric" in p.message
+    p = only(check(ok, {"trainer": {"val_every": 0}}))
+    assert p.key == "trainer.stop_when" and "trainer.val_every" in p.fix
+
+
+def test_a_warm_start_to_an_exact_match_share_needs_held_out_files():
+    ws = {"files": ["embedded:arithmetic-sft"], "until_exact_match": 0.3}
+    p = only(check({"model": {"warm_start": ws}}))
+    assert p.key == "model.warm_start.until_exact_match" and "model.warm_start.val_files" in p.fix
+    assert not errors(check({"model": {"warm_start": {**ws, "val_files": ["embedded:arithmetic-sft-val"]}}}))
+    p = only(check({"model": {"warm_start": {**ws, "val_files": ["x.parquet"], "until_exact_match": 1.5}}}))
+    assert p.key == "model.warm_start.until_exact_match" and "[0, 1]" in p.message

@@ -96,3 +96,65 @@ def test_sft_resumed_from_its_checkpoint_ends_with_the_same_weights(tmp_path, ca
     resumed = load_file(os.path.join(tmp_path, "resumed", "hf", "model.safetensors"))
     for k in straight:
         assert torch.equal(straight[k], resumed[k]), k
+
+
+def _greedy_reproduces(model_dir: str, path: str) -> list[bool]:
+    """Per example, whether transformers' greedy decoding writes its response and then eos."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    out = []
+    for row in pd.read_parquet(path).to_dict("records"):
+        messages = [{"role": m["role"], "content": m["content"]} for m in row["prompt"]]
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        prompt = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
+        reply = tok(row["response"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        with torch.no_grad():
+            sequence = model.generate(prompt, do_sample=False, max_new_tokens=len(reply), pad_token_id=tok.pad_token_id)
+        out.append(sequence[0, prompt.shape[1] :].tolist() == reply)
+    return out
+
+
+def test_exact_match_counts_the_examples_greedy_decoding_reproduces(tmp_path):
+    """val/exact_match against transformers' greedy generate on the exported model, example by example: a
+    partly trained model (100 steps: some answers right, most not), so a miscount either way shows."""
+    data = _examples(tmp_path / "train.parquet", 48)
+    run = _sft(
+        tmp_path / "run",
+        f"data.train_files=[{data}]",
+        f"data.val_files=[{data}]",
+        "checkpoint.save_hf=true",
+        "actor.optim.lr=3e-3",
+        steps=100,
+    )
+    summary, metrics = fit(run)
+    reproduced = _greedy_reproduces(str(tmp_path / "run" / "hf"), data)
+    assert 0 < sum(reproduced) < len(reproduced), reproduced  # partly right: the count is informative
+    assert metrics[-1]["val/exact_match"] == sum(reproduced) / len(reproduced)
+
+
+
+def test_stop_when_ends_the_run_at_the_first_validation_that_reaches_it(tmp_path, capsys):
+    """A run with trainer.stop_when ends where the same run without it first meets the bound (its checkpoint
+    saved there), and resuming it trains nothing more."""
+    data = _examples(tmp_path / "train.parquet", 48)
+    val = _examples(tmp_path / "val.parquet", 12, split="val")
+    common = (
+        f"data.train_files=[{data}]",
+        f"data.val_files=[{val}]",
+        "trainer.val_every=2",
+        "actor.optim.lr=1e-2",
+    )
+    _, full = fit(_sft(tmp_path / "full", *common, steps=12))
+    losses = {m["step"]: m["val/loss"] for m in full if "val/loss" in m}
+    bound = (losses[4] + losses[6]) / 2 if losses[6] < losses[4] else None
+    assert bound is not None and losses[2] > bound, losses  # (the loss falls past the bound between steps 4 and 6)
+    stop = f"trainer.stop_when={{metric: val/loss, at_most: {bound}}}"
+    first = min(s for s, v in losses.items() if v <= bound)
+    summary, metrics = fit(_sft(tmp_path / "stopped", *common, stop, steps=12))
+    assert summary["steps"] == first and metrics[-1]["step"] == first
+    assert f"verl: stopped at step {first}: val/loss=" in capsys.readouterr().out
+    assert os.path.isdir(tmp_path / "stopped" / "checkpoints" / f"step_{first}")
+    summary, _ = fit(_sft(tmp_path / "stopped", *common, stop, steps=12))  # resume: auto
+    assert summary["steps"] == first  # nothing trained after the stop

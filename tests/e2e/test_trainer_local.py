@@ -231,3 +231,52 @@ def test_lora_actor_and_critic_with_the_reference_from_the_actor(tmp_path):
     assert abs(rows[0]["actor/reward_kl"]) < 1e-6
     assert abs(rows[-1]["actor/reward_kl"]) > 0
     assert (tmp_path / "checkpoints" / "step_2" / "actor").is_dir()
+
+
+def test_held_out_pass_at_k_mean_and_majority_recomputed_from_the_scored_samples(tmp_path, monkeypatch, capsys):
+    """rollout.val_n=4: every held-out sample's response is logged as it is scored; pass@k (by counting every
+    k-draw), mean@4 and maj@4 recomputed from that log equal the logged metrics, overall and per data source."""
+    from itertools import combinations
+
+    import pandas as pd
+
+    from verl.embedded.arithmetic import make_arithmetic_rows
+
+    rows = make_arithmetic_rows(12, seed=0, split="val")
+    for i, row in enumerate(rows):
+        row["data_source"] = "sums_a" if i % 3 else "sums_b"
+    val = tmp_path / "val.parquet"
+    pd.DataFrame(rows).to_parquet(val)
+    log = tmp_path / "samples.jsonl"
+    monkeypatch.setenv("VERL_TEST_SAMPLE_LOG", str(log))
+    cfg = tiny_config(
+        "grpo_tiny",
+        str(tmp_path / "run"),
+        "trainer.controller=local",
+        f"data.val_files=[{val}]",
+        "rollout.val_n=4",
+        "reward.fn={_target_: tests.support.run_configs.logged_odd_length_reward}",
+        steps=1,
+    )
+    summary = _run(cfg)
+    m = _metrics(tmp_path / "run")[-1]
+    scored = [json.loads(line) for line in open(log)]
+    greedy, sampled = scored[-5 * 12 : -4 * 12], scored[-4 * 12 :]  # the last validation: 12 greedy, then 12 x 4
+    assert m["val/accuracy"] == sum(len(r) % 2 for _, r in greedy) / 12 and m["val/n"] == 12
+    groups = [sampled[i : i + 4] for i in range(0, 48, 4)]
+    assert all(len({s for s, _ in g}) == 1 for g in groups)  # a prompt's 4 samples are adjacent
+    for source, prefix in ((None, "val"), ("sums_a", "val/sums_a"), ("sums_b", "val/sums_b")):
+        mine = [g for g in groups if source is None or g[0][0] == source]
+        right = [[len(r) % 2 == 1 for _, r in g] for g in mine]
+        for k in (1, 2, 4):
+            draws = list(combinations(range(4), k))
+            expected = sum(sum(any(rr[i] for i in d) for d in draws) / len(draws) for rr in right) / len(mine)
+            assert m[f"{prefix}/pass@{k}"] == pytest.approx(expected, abs=1e-12), (prefix, k)
+        assert m[f"{prefix}/mean@4"] == pytest.approx(sum(map(sum, right)) / (4 * len(mine)))
+        votes = [max(dict.fromkeys(r for _, r in g), key=[r for _, r in g].count) for g in mine]
+        assert m[f"{prefix}/maj@4"] == pytest.approx(sum(len(v) % 2 for v in votes) / len(mine))
+    assert 0 < m["val/pass@4"] and m["val/pass@1"] < 1  # (samples both right and wrong: the check can fail)
+    assert summary["val_sampled_after"]["pass@4"] == m["val/pass@4"]
+    from verl.trainer.summary import format_summary
+
+    assert f"pass@4 {100 * m['val/pass@4']:.1f}%" in format_summary("x", summary)

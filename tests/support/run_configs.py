@@ -76,3 +76,14 @@ def recording_reward(prompt: str, response: str, ground_truth: str, extra: dict)
 
 
 RECORDING_REWARD = "reward.fn={_target_: tests.support.run_configs.recording_reward}"
+
+
+def logged_odd_length_reward(prompt: str, response: str, ground_truth: str, extra: dict) -> float:
+    """odd_length_reward, also appending each sample's data source and response to $VERL_TEST_SAMPLE_LOG (JSON
+    lines, in order of scoring): what a test recomputes held-out metrics from."""
+    import json
+    import os
+
+    with open(os.environ["VERL_TEST_SAMPLE_LOG"], "a") as f:
+        f.write(json.dumps([extra["data_source"], response]) + "\n")
+    return float(len(response) % 2)

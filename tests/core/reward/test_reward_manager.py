@@ -200,6 +200,19 @@ def test_dict_results_log_extras_and_acc(tokenizer):
     assert "reward/extra/acc" not in metrics
 
 
+def test_each_rows_correctness_and_answer_are_kept_for_validation(tokenizer):
+    def graded(prompt, response, ground_truth, extra):  # format credit for "=..." answers; "pred" the number
+        if response.startswith("="):
+            return {"score": 0.5, "acc": float(response[1:] == ground_truth), "pred": response[1:]}
+        return 1.0 if response == ground_truth else 0.2
+
+    batch = make_batch(tokenizer, ["=7", "=8", "7 ", "6"], ["7", "7", "7 ", "7"])
+    manager = RewardManager(graded, tokenizer=tokenizer)
+    manager(batch)
+    assert manager.last_correct == [1.0, 0.0, 1.0, 0.0]  # "acc" where given, else full credit (>= 1.0)
+    assert manager.last_answers == ["7", "8", "7", "6"]  # "pred" where given, else the response, stripped
+
+
 def test_dict_without_score_is_an_error(tokenizer):
     batch = make_batch(tokenizer, ["7"], ["7"])
     with pytest.raises(RewardFunctionError, match="needs a 'score' entry"):

@@ -27,6 +27,7 @@ from verl.config.loader import read_config, to_yaml
 from verl.config.plan import Plan
 from verl.config.run_checks import check_run
 from verl.config.schema import VerlConfig
+from verl.config.user_code import add_user_code_paths
 from verl.config.validate import errors, validate_and_plan
 
 EXIT_OK = 0
@@ -89,6 +90,7 @@ def _check(recipe: str, overrides: Sequence[str], strict: bool, show_config: boo
     Loading problems (syntax, unknown keys, types) and semantic ones (batch sizes, layouts, backends)
     are reported together, so one run shows everything to fix.
     """
+    add_user_code_paths(recipe)  # (before any `_target_` or plugin is imported)
     cfg, problems = read_config(recipe, overrides)
     if cfg is None:  # the file itself could not be read or parsed
         _print_problems(problems, sys.stderr)

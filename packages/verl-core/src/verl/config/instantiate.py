@@ -154,7 +154,8 @@ def _import_error(module_name: str, e: BaseException, key: str) -> ConfigError:
     return _error(
         key,
         f"cannot import module '{module_name}' ({type(e).__name__}: {e})",
-        "check the module path and that its package is installed",
+        "check the module path; a module of your own is found in the working directory or beside the recipe "
+        "(`verl train`), else put its folder on PYTHONPATH or install its package",
     )
 
 

@@ -14,6 +14,7 @@ from verl.config.loader import load_config
 from verl.config.plan import Plan
 from verl.config.run_checks import check_run
 from verl.config.schema import VerlConfig
+from verl.config.user_code import add_user_code_paths
 from verl.config.validate import errors, validate_and_plan
 
 logger = logging.getLogger(__name__)
@@ -27,6 +28,8 @@ def resolve_config(config: Any, overrides: Sequence[str] = (), reward_given: boo
         config = OmegaConf.structured(config)
     if isinstance(config, DictConfig) and OmegaConf.get_type(config) is not VerlConfig:
         config = OmegaConf.to_container(config)  # an untyped DictConfig: checked like a dict
+    if isinstance(config, (str, os.PathLike)):
+        add_user_code_paths(config)  # code beside the recipe imports, here and in workers
     if isinstance(config, (str, os.PathLike, Mapping)) and not isinstance(config, DictConfig):
         config = load_config(config, overrides)
     elif overrides:

@@ -150,8 +150,9 @@ def check_run(cfg: Any, roles: Sequence[str], strict: bool = True, reward_given:
         for i, path in enumerate(_list(value(cfg, f"data.{section}"))):
             problems += _parquet(f"data.{section}[{i}]", path, columns, alternative=("messages",) if sft else None)
     if value(cfg, "model.warm_start") is not None:
-        for i, path in enumerate(_list(value(cfg, "model.warm_start.files"))):
-            problems += _parquet(f"model.warm_start.files[{i}]", path, SFT_COLUMNS, alternative=("messages",))
+        for section in ("files", "val_files"):
+            for i, path in enumerate(_list(value(cfg, f"model.warm_start.{section}"))):
+                problems += _parquet(f"model.warm_start.{section}[{i}]", path, SFT_COLUMNS, alternative=("messages",))
     problems += _resume(cfg)
     if not strict:
         problems = [ConfigProblem(p.key, p.message, p.fix, "warning", p.location) for p in problems]

@@ -2,93 +2,36 @@
 
 OmegaConf checks types and unknown keys against these dataclasses. A field's metadata states what its type
 cannot: `one_of(...)` the values it may take, `at_least(n)` its lower bound, `checked(...)` any other rule on
-its value alone; `verl.config.validate` checks those generically and keeps only the checks across fields
-(batch sizes that divide, layouts that fit the devices, installed backends). Keys that were removed are in
-`REMOVED_KEYS`, each with what replaces it; `field_types`, `strip_optional` and `is_section` read the schema.
+its value alone (`verl.config.fields`); `verl.config.validate` checks those generically and keeps only the checks
+across fields (batch sizes that divide, layouts that fit the devices, installed backends). Keys that were removed
+are in `REMOVED_KEYS`, each with what replaces it.
 Sizes follow one convention: `*_batch_size` counts prompts, `*_per_device` counts samples on one worker.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
-from functools import cache
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
+from verl.config.fields import (  # noqa: F401  (field_types, strip_optional, is_section: read from here too)
+    any_finite,
+    at_least,
+    checked,
+    field_types,
+    fraction,
+    is_section,
+    non_negative,
+    one_of,
+    positive,
+    sampling_temperature,
+    size,
+    strip_optional,
+)
+
 # reward: the reward model (reward.model) on worker processes, when a pool lists it (else it runs in the driver)
 ROLES = ("actor", "rollout", "ref", "critic", "reward")
-
-
-def one_of(default: Any, *choices: str) -> Any:
-    """A field whose value must be one of `choices` (checked by validate, with a did-you-mean)."""
-    return field(default=default, metadata={"choices": choices})
-
-
-def checked(default: Any, ok: Callable[[Any], bool], message: str, fix: str) -> Any:
-    """A field whose value (when set) must pass `ok`; `message` and `fix` may name {key} and {v} (the value)."""
-    if isinstance(default, (list, dict)):  # a mutable default needs a factory
-        return field(default_factory=lambda: type(default)(default), metadata={"check": (ok, message, fix)})
-    return field(default=default, metadata={"check": (ok, message, fix)})
-
-
-def at_least(default: Any, bound: int) -> Any:
-    """A numeric field whose value (when set) must be >= bound."""
-    return checked(default, lambda v: v >= bound, f"must be >= {bound}, got {{v}}", f"set {{key}}={bound} or more")
-
-
-def positive(default: Any) -> Any:
-    """A number that must be > 0."""
-    return checked(default, lambda v: v > 0, "must be > 0, got {v}", "set {key} to a positive value")
-
-
-def non_negative(default: Any) -> Any:
-    """A number that must be >= 0."""
-    return checked(default, lambda v: v >= 0, "must be >= 0, got {v}", "set {key} to 0 or a positive value")
-
-
-def fraction(default: Any) -> Any:
-    """A number in [0, 1]."""
-    return checked(default, lambda v: 0 <= v <= 1, "must be in [0, 1], got {v}", "set {key} to a value in [0, 1]")
-
-
-def any_finite(default: float) -> Any:
-    """A float whose range another check states (or any finite value: NaN and inf are refused for every float)."""
-    return checked(default, lambda v: True, "", "")
-
-
-def _temperature(default: float) -> Any:
-    """A sampling temperature: >= 0, where 0 is greedy."""
-    return checked(default, lambda v: v >= 0, "must be >= 0, got {v}", "set {key}=0 (greedy) or a positive value")
-
-
-# Sizes the placement arithmetic needs before anything else (verl.config.placement checks them, >= 1).
-def size(default: Any) -> Any:
-    """A device or parallel size, checked by the placement arithmetic (>= 1)."""
-    return field(default=default, metadata={"checked_by": "placement"})
-
-
-@cache
-def field_types(cls: type) -> Dict[str, Any]:
-    """Field name -> resolved type (this module uses `from __future__ import annotations`, so strings)."""
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
-
-
-def strip_optional(tp: Any) -> Any:
-    """X for Optional[X] and X | None; any other type as it is."""
-    if typing.get_origin(tp) in (Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return tp
-
-
-def is_section(tp: Any) -> bool:
-    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
 
 
 # Keys that no longer exist: what a recipe that still sets them should do instead.
@@ -156,6 +99,12 @@ class WarmStartConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3, weight_decay=0.0))
     # megatron MoE: its load-balancing loss while learning from scratch (a random router collapses without it)
     moe_aux_loss_coeff: float = non_negative(0.0)
+    # Stop at the first check (every check_every steps) where greedy decoding reproduces at least this share of
+    # val_files' responses, `steps` being the most: the run starts RL from the same skill whatever the CPU's
+    # arithmetic does to the SFT trajectory. None: exactly `steps` steps.
+    until_exact_match: Optional[float] = fraction(None)
+    val_files: List[str] = field(default_factory=list)  # prompt/response parquet held out from `files`
+    check_every: int = at_least(10, 1)
 
 
 @dataclass
@@ -327,7 +276,7 @@ class RolloutConfig:
     backend: str = "hf"  # hf | vllm | sglang
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # generation layout: tp (and derived dp)
     n: int = at_least(1, 1)  # samples per prompt
-    temperature: float = _temperature(1.0)
+    temperature: float = sampling_temperature(1.0)
     top_p: float = checked(
         1.0, lambda p: 0 < p <= 1, "must be in (0, 1], got {v}", "set {key}=1.0 (off) or a value in (0, 1)"
     )
@@ -344,7 +293,11 @@ class RolloutConfig:
     # With actor.lora, what a rollout with its own weights receives after each update: merged (the base with the
     # adapters merged in; any engine) or adapter (the adapters alone, served by the engine's LoRA support: vllm)
     lora_sync: str = one_of("merged", "merged", "adapter")
-    val_temperature: float = _temperature(0.0)  # sampling temperature of validation; 0: greedy
+    val_temperature: float = sampling_temperature(0.0)  # sampling temperature of validation; 0: greedy
+    # samples per held-out prompt at val_sample_temperature, besides the val_temperature one: val/pass@k (k = 1, 2,
+    # 4, ... and val_n; the unbiased estimator), val/mean@val_n, val/maj@val_n; 0: none
+    val_n: int = at_least(0, 0)
+    val_sample_temperature: float = sampling_temperature(1.0)
     # a rollout on a pool of its own receives the actor's weights over a collective group in buckets of this size
     weight_sync_bucket_mb: int = at_least(256, 1)
     # the rollout service (trainer.mode=async): tokens a request gains per engine turn (a weight update waits at
@@ -499,6 +452,15 @@ class ProfileConfig:
 
 
 @dataclass
+class StopWhenConfig:
+    """End the run at the first validation where `metric` is at least `at_least` (or at most `at_most`)."""
+
+    metric: str = MISSING  # a validation metric: val/accuracy (RL), val/exact_match or val/loss (SFT), ...
+    at_least: Optional[float] = any_finite(None)
+    at_most: Optional[float] = any_finite(None)
+
+
+@dataclass
 class TrainerConfig:
     total_steps: Optional[int] = at_least(None, 1)  # None: total_epochs over the training data
     total_epochs: int = at_least(1, 1)
@@ -532,6 +494,7 @@ class TrainerConfig:
     # step (drop: the step trains on the other groups, as many as whole data-parallel shares allow)
     on_stale: str = one_of("regenerate", "regenerate", "drop")
     profile: Optional[ProfileConfig] = None  # a trace of a range of steps (verl.trainer.profile)
+    stop_when: Optional[StopWhenConfig] = None  # early stopping on a validation metric (checked when validating)
 
 
 @dataclass

@@ -196,6 +196,42 @@ def check_reward_feedback(ctx: Context) -> List[ConfigProblem]:
     return problems
 
 
+def check_stopping(ctx: Context) -> List[ConfigProblem]:
+    """trainer.stop_when: one bound, a validation metric, and validation to read it; a warm start that stops at an
+    exact-match share needs held-out files to measure it on."""
+    cfg, problems = ctx.cfg, []
+    if value(cfg, "trainer.stop_when") is not None:
+        bounds = [k for k in ("at_least", "at_most") if value(cfg, f"trainer.stop_when.{k}") is not None]
+        if len(bounds) != 1:
+            message = f"needs one bound, got {len(bounds)} ({', '.join(bounds) or 'none'})"
+            fix = "set trainer.stop_when.at_least (a metric that rises) or trainer.stop_when.at_most (one that falls)"
+            problems.append(error_at("trainer.stop_when", message, fix))
+        metric = value(cfg, "trainer.stop_when.metric")
+        if isinstance(metric, str) and not metric.startswith("val/"):
+            fix = "name a validation metric, e.g. val/accuracy (RL), val/exact_match or val/loss (SFT)"
+            problems.append(error_at("trainer.stop_when.metric", f"{metric!r} is not a validation metric", fix))
+        if not value(cfg, "data.val_files") or not value(cfg, "trainer.val_every"):
+            message = "is read when the run validates, and this run validates only at its end"
+            fix = "set data.val_files and trainer.val_every (steps between validations)"
+            problems.append(error_at("trainer.stop_when", message, fix))
+    ws = "model.warm_start"
+    if value(cfg, ws) is not None and value(cfg, f"{ws}.until_exact_match") is not None:
+        if not value(cfg, f"{ws}.val_files"):
+            message = "is measured on held-out prompt/response files, and none are given"
+            fix = f"set {ws}.val_files (e.g. [embedded:arithmetic-sft-val]), or remove until_exact_match"
+            problems.append(error_at(f"{ws}.until_exact_match", message, fix))
+    return problems
+
+
+def check_validation_samples(ctx: Context) -> List[ConfigProblem]:
+    """rollout.val_n samples must be drawn at a temperature above 0 (at 0 every one is the greedy answer)."""
+    n, t = value(ctx.cfg, "rollout.val_n"), value(ctx.cfg, "rollout.val_sample_temperature")
+    if isinstance(n, int) and n > 0 and t == 0:
+        message = f"is 0, so the {n} samples of rollout.val_n per held-out prompt would all be the greedy answer"
+        return [error_at("rollout.val_sample_temperature", message, "set it above 0 (e.g. 1.0 or 0.6)")]
+    return []
+
+
 CHECKS: Sequence[Check] = (
     check_missing,
     check_field_rules,
@@ -229,6 +265,8 @@ CHECKS: Sequence[Check] = (
     check_preference,
     check_sft,
     check_agent,
+    check_stopping,
+    check_validation_samples,
 )
 
 

@@ -62,6 +62,12 @@ class _FnResult:
     score: float
     acc: float | None
     extras: dict[str, float]
+    pred: str | None = None  # the answer the function read from the response ("pred"), for majority votes
+
+    @property
+    def correct(self) -> float:
+        """The function's "acc" when it gives one, else full credit (score >= 1.0): a format bonus is not right."""
+        return self.acc if self.acc is not None else float(self.score >= 1.0)
 
 
 class RewardManager:
@@ -97,6 +103,10 @@ class RewardManager:
         self.sequence_fn = sequence_fn  # fn(input_ids, attention_mask) -> Tensor[B] on the whole rows
         self.server = server  # verl.reward.server_scores.ServerScores: scores from the reward server's clients
         self.last_missing = None  # with a server: the rows of the last call whose score did not arrive
+        # per row of the last call: whether it is right (`_FnResult.correct`; without a function, score > 0) and
+        # the answer it gave (the function's "pred", else the response text; None without a function)
+        self.last_correct: list[float] = []
+        self.last_answers: list[str | None] = []
         self.weights = dict(weights or {})  # reward.weights: source -> weight in the sum (1 when not given)
         self.num_workers = num_workers
         if on_error not in ("raise", "score"):
@@ -157,6 +167,10 @@ class RewardManager:
         token_level_scores = torch.where(is_last, scores.to(responses.device, torch.float32).unsqueeze(1), 0.0)
 
         seq_scores = token_level_scores.sum(dim=1).double().cpu()
+        if fn_results is not None:  # (last_answers: set with them)
+            self.last_correct = [r.correct for r in fn_results]
+        else:
+            self.last_correct, self.last_answers = [float(v > 0) for v in seq_scores.tolist()], [None] * n
         metrics.update(_score_metrics(seq_scores, sources, fn_results))
         metrics["reward/empty_responses"] = float(n - int(is_last.sum()))
         metrics["reward/nonfinite_count"] = float(len(replaced))
@@ -217,8 +231,11 @@ class RewardManager:
             # Threads help only when the function waits (a sandbox, an HTTP judge); map keeps row order,
             # so the first failing row in order is the one reported.
             with ThreadPoolExecutor(max_workers=self.num_workers, thread_name_prefix="reward") as pool:
-                return list(pool.map(score, range(n)))
-        return [score(i) for i in range(n)]
+                results = list(pool.map(score, range(n)))
+        else:
+            results = [score(i) for i in range(n)]
+        self.last_answers = [r.pred if r.pred is not None else t.strip() for r, t in zip(results, texts)]
+        return results
 
     def _texts(self, batch: DataProto, responses: torch.Tensor, mask: torch.Tensor) -> list[str]:
         """Each row's response as text."""
@@ -364,7 +381,8 @@ def _parse_result(result: Any) -> _FnResult:
             raise TypeError(f"a dict result needs a 'score' entry, got keys {sorted(result)}")
         extras = {str(k): _number(v) for k, v in result.items() if k not in ("score", "acc") and _is_number(v)}
         acc = _number(result["acc"]) if "acc" in result else None
-        return _FnResult(_number(result["score"], "score"), acc, extras)
+        pred = None if result.get("pred") is None else str(result["pred"])
+        return _FnResult(_number(result["score"], "score"), acc, extras, pred)
     return _FnResult(_number(result, "score"), None, {})
 
 
@@ -390,7 +408,7 @@ def _score_metrics(seq_scores: torch.Tensor, sources: list[str], fn_results: lis
     }
     correct = None
     if fn_results is not None:
-        correct = [r.acc if r.acc is not None else float(r.score >= 1.0) for r in fn_results]
+        correct = [r.correct for r in fn_results]
         metrics["reward/accuracy"] = _mean(correct)
         extras = defaultdict(list)
         for r in fn_results:

@@ -12,6 +12,7 @@ what validation measures (`evaluate`) and what more its checkpoints hold (`check
 from __future__ import annotations
 
 import os
+import re
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
@@ -225,7 +226,8 @@ class Trainer:
             )
 
     def fit(self) -> Dict[str, Any]:
-        """Train to trainer.total_steps; returns a summary (validation before/after, throughput)."""
+        """Train to trainer.total_steps (or the validation where trainer.stop_when holds); returns a summary
+        (validation before/after, throughput)."""
         t = self.cfg.trainer
         self.maybe_resume()
         run_start, tokens, step_seconds, first_step_s = time.perf_counter(), 0.0, 0.0, None
@@ -233,8 +235,10 @@ class Trainer:
             self.tracker.log(self.validate(), step=0)
         total = self.plan.total_steps
         progress = Progress(total)
+        # (a resumed run that had stopped, or a model that meets trainer.stop_when before training, trains no step)
+        stopped = bool(self.val_history) and self.stop_reached(self.val_history[-1])
         try:
-            while self.step < total:
+            while self.step < total and not stopped:
                 with self.profiler.step(self.step + 1):
                     metrics = self.train_step()
                 self.step += 1
@@ -247,12 +251,21 @@ class Trainer:
                     val_start = time.perf_counter()
                     metrics.update(self.validate())
                     metrics["timing/val_s"] = time.perf_counter() - val_start
+                    stopped = self.stop_reached(metrics)
+                    last = last or stopped
                 if self.step % t.log_every == 0 or last:
                     self.tracker.log(metrics, step=self.step)
                 progress.update(self.step, metrics)
                 every, final = self.cfg.checkpoint.save_every, self.cfg.checkpoint.save_last
                 if (every and self.step % every == 0) or (last and final):
                     self.save_checkpoint()
+            if stopped and t.stop_when is not None:
+                s = t.stop_when
+                bound = f">= {s.at_least}" if s.at_least is not None else f"<= {s.at_most}"
+                value = self.val_history[-1][s.metric]
+                print(
+                    f"verl: stopped at step {self.step}: {s.metric}={value:.4g} {bound} (trainer.stop_when)", flush=True
+                )
             if self.cfg.checkpoint.save_hf:
                 self.workers.actor_rollout.call(ActorRolloutRefWorker.export_hf, os.path.join(self.output_dir, "hf"))
         finally:
@@ -260,12 +273,26 @@ class Trainer:
             self.tracker.close()
         return self.summary(time.perf_counter() - run_start, tokens / max(step_seconds, 1e-9), first_step_s)
 
+    def stop_reached(self, val_metrics: Dict[str, float]) -> bool:
+        """Whether trainer.stop_when holds for these validation metrics."""
+        s = self.cfg.trainer.stop_when
+        if s is None:
+            return False
+        if s.metric not in val_metrics:
+            known = ", ".join(sorted(k for k in val_metrics if k.startswith("val/")))
+            raise ValueError(
+                f"trainer.stop_when.metric: this run's validation has no {s.metric!r} (it has {known}); name one of those"
+            )
+        v = val_metrics[s.metric]
+        return (s.at_least is not None and v >= s.at_least) or (s.at_most is not None and v <= s.at_most)
+
     def train(self) -> Dict[str, Any]:
         """`fit()`, under the name some of verl's documentation uses."""
         return self.fit()
 
     def summary(self, seconds: float, tokens_per_s: float, first_step_s: Optional[float] = None) -> Dict[str, Any]:
         at = {v["step"]: v["val/accuracy"] for v in self.val_history if "val/accuracy" in v}
+        last = self.val_history[-1] if self.val_history and self.val_history[-1]["step"] == self.step else {}
         return {
             "steps": self.step,
             "seconds": seconds,
@@ -273,6 +300,8 @@ class Trainer:
             "first_step_s": first_step_s,  # process start to the end of its first step; None: no step trained
             "val_accuracy_before": at.get(0),  # None when trainer.val_before_train is off
             "val_accuracy_after": at.get(self.step),
+            # the last validation's pass@k, mean@n and maj@n over every held-out prompt (rollout.val_n)
+            "val_sampled_after": {k[4:]: v for k, v in last.items() if re.fullmatch(r"val/(pass|mean|maj)@\d+", k)},
         }
 
     def close(self) -> None:

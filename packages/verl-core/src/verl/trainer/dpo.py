@@ -21,7 +21,7 @@ from verl.trainer.registry import TRAINERS
 from verl.trainer.rollout_source import make_rollout_source, prompt_loaders
 from verl.trainer.shaping import best_and_worst, score_batch
 from verl.trainer.timer import StageTimer
-from verl.trainer.validation import held_out_accuracy
+from verl.trainer.validation import held_out_metrics
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from verl.workers.columns import MODEL_INPUTS
 
@@ -87,7 +87,10 @@ class DPOTrainer(Trainer):
         return mean_over_ranks(per_rank)
 
     def evaluate(self) -> Dict[str, float]:
-        return held_out_accuracy(self.rollout, self.reward, self.val_loader, self.cfg.rollout.val_temperature)
+        r = self.cfg.rollout
+        return held_out_metrics(
+            self.rollout, self.reward, self.val_loader, r.val_temperature, r.val_n, r.val_sample_temperature
+        )
 
     def checkpoint_state(self) -> Dict[str, Any]:
         return self.rollout.state()

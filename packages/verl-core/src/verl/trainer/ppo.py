@@ -25,7 +25,7 @@ from verl.trainer.registry import TRAINERS
 from verl.trainer.rollout_source import make_agents, make_rollout_source, prompt_loaders
 from verl.trainer.shaping import first_groups, groups_per_share, informative_groups, score_batch, scored_groups
 from verl.trainer.timer import StageTimer
-from verl.trainer.validation import held_out_accuracy
+from verl.trainer.validation import held_out_metrics
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from verl.workers.columns import CRITIC_UPDATE, MODEL_INPUTS, actor_update_columns
 from verl.workers.critic import CriticWorker
@@ -226,7 +226,10 @@ class PPOTrainer(Trainer):
         return {**metrics, **self.step_metrics(timer, start, batch)}
 
     def evaluate(self) -> Dict[str, float]:
-        return held_out_accuracy(self.rollout, self.reward, self.val_loader, self.cfg.rollout.val_temperature)
+        r = self.cfg.rollout
+        return held_out_metrics(
+            self.rollout, self.reward, self.val_loader, r.val_temperature, r.val_n, r.val_sample_temperature
+        )
 
     def checkpoint_state(self) -> Dict[str, Any]:
         kl_coef = self.kl_ctrl.value if self.kl_ctrl is not None else None

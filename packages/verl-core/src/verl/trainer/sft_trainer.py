@@ -9,6 +9,7 @@ has them (`verl.trainer.base.Trainer`). No rollout, reference or reward: nothing
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Dict, Optional, Tuple
 
@@ -22,6 +23,16 @@ from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from verl.workers.columns import MODEL_INPUTS
 
 SFT_UPDATE = MODEL_INPUTS + ("response_mask",)
+# Near 0, a token's log-prob is ~0 when it is the argmax and < -log 2 when another token's logit is higher.
+GREEDY_TEMPERATURE = 1e-5
+
+
+def greedy_matches(sharp_log_probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per row, whether greedy decoding would produce every loss token: each one's log-prob at GREEDY_TEMPERATURE
+    above -log 2 (no other token's logit is higher). Never a false match; a near-tie (logits within ~1e-4) may
+    count as a miss."""
+    hit = (sharp_log_probs.double() > -math.log(2.0)) | (mask == 0)
+    return hit.all(dim=-1) & (mask.sum(dim=-1) > 0)
 
 
 @TRAINERS.register("sft")
@@ -56,21 +67,29 @@ class SFTTrainer(Trainer):
         return {**metrics, **self.step_metrics(timer, start, batch)}
 
     def evaluate(self) -> Dict[str, float]:
-        """val/loss: the token-mean negative log-likelihood of data.val_files' loss tokens under the actor."""
+        """val/loss: the token-mean negative log-likelihood of data.val_files' loss tokens under the actor;
+        val/exact_match: the share of examples that greedy decoding reproduces (every loss token the argmax)."""
         if self.val_loader is None:
             return {}
-        nll, tokens, rows = torch.zeros((), dtype=torch.float64), 0, 0
+        nll, tokens, rows, matched = torch.zeros((), dtype=torch.float64), 0, 0, 0
         for batch in self.val_loader:
             padded, pad = pad_to_multiple(batch, self.plan.train_dp)
-            out = self.workers.actor_rollout.call(
-                ActorRolloutRefWorker.actor_log_probs, padded.select(MODEL_INPUTS, [])
-            )
-            log_probs = out.batch["log_probs"][: len(batch)].double()
+            inputs = padded.select(MODEL_INPUTS, [])
             mask = batch.batch["response_mask"].double()
-            nll -= (log_probs * mask).sum()
+            out = self.workers.actor_rollout.call(ActorRolloutRefWorker.actor_log_probs, inputs)
+            nll -= (out.batch["log_probs"][: len(batch)].double() * mask).sum()
+            sharp = self.workers.actor_rollout.call(
+                ActorRolloutRefWorker.actor_log_probs, inputs, temperature=GREEDY_TEMPERATURE
+            )
+            matched += int(greedy_matches(sharp.batch["log_probs"][: len(batch)], mask).sum())
             tokens += int(mask.sum())
             rows += len(batch)
-        return {"val/loss": float(nll / max(tokens, 1)), "val/tokens": float(tokens), "val/n": float(rows)}
+        return {
+            "val/loss": float(nll / max(tokens, 1)),
+            "val/exact_match": matched / max(rows, 1),
+            "val/tokens": float(tokens),
+            "val/n": float(rows),
+        }
 
     def summary(self, seconds: float, tokens_per_s: float, first_step_s: Optional[float] = None) -> Dict[str, Any]:
         """The base summary, with the validation loss before and after (val_loss_before / val_loss_after)."""

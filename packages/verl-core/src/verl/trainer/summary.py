@@ -18,6 +18,9 @@ def format_summary(name: str, s: Dict[str, Any]) -> str:
         acc = f"held-out greedy accuracy {100 * before:.1f}% -> {100 * after:.1f}% ({100 * (after - before):+.1f} pts)"
     elif after is not None:
         acc = f"held-out greedy accuracy {100 * after:.1f}% at the end"
+    sampled = s.get("val_sampled_after") or {}
+    if sampled:
+        acc += "; " + ", ".join(f"{name} {100 * v:.1f}%" for name, v in sampled.items())
     first = s.get("first_step_s")
     first = f" (the first done {first:.1f} s after start)" if first is not None else ""
     steps = f"{s['steps']} steps in {s['seconds']:.0f} s{first}"

@@ -26,23 +26,27 @@ def prepare_model(cfg: VerlConfig) -> str:
     ws = cfg.model.warm_start
     if ws is None:
         return base
-    settings = {"base": os.path.abspath(base), **to_dict(ws)}
-    if not ws.moe_aux_loss_coeff:  # (only when set: the cache keys of earlier runs stay valid)
-        settings.pop("moe_aux_loss_coeff")
-    settings["data"] = [_file_identity(f) for f in ws.files]  # new data, new warm start (a name stays the same)
-    if cfg.model.tokenizer_path:  # (only when set: the cache keys of earlier runs stay valid)
-        settings["tokenizer"] = os.path.abspath(cfg.model.tokenizer_path)
-    final = cache_root() / "warm-start" / f"{Path(base).name}-sft-{settings_hash(settings)}"
+    final = warm_start_dir(cfg, base)
 
     def write(folder: Path) -> None:
         from verl.trainer.sft_trainer import SFTTrainer  # (the trainers import this module)
         from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 
-        print(f"verl: SFT warm start of {cfg.model.path} ({ws.steps} steps) -> {final}", flush=True)
+        until = "" if ws.until_exact_match is None else f", or until greedy exact match >= {ws.until_exact_match}"
+        print(f"verl: SFT warm start of {cfg.model.path} ({ws.steps} steps{until}) -> {final}", flush=True)
         with tempfile.TemporaryDirectory(prefix="run-", dir=folder.parent) as run_dir:
             trainer = SFTTrainer(warm_start_config(cfg, base, run_dir))
             try:
-                trainer.fit()
+                summary = trainer.fit()
+                if ws.until_exact_match is not None:
+                    at = trainer.val_history[-1] if trainer.val_history else {}
+                    reached = at.get("val/exact_match", 0.0) >= ws.until_exact_match
+                    print(
+                        f"verl: warm start {'reached' if reached else 'did not reach'} greedy exact match "
+                        f"{ws.until_exact_match} ({at.get('val/exact_match', float('nan')):.3f} at step "
+                        f"{summary['steps']} of at most {ws.steps})",
+                        flush=True,
+                    )
                 trainer.workers.actor_rollout.call(ActorRolloutRefWorker.export_hf, str(folder))
             finally:
                 trainer.close()
@@ -50,11 +54,31 @@ def prepare_model(cfg: VerlConfig) -> str:
     return str(cached_dir(final, write))
 
 
+def warm_start_dir(cfg: VerlConfig, base: str) -> Path:
+    """Where the warm start of `base` with cfg.model.warm_start's settings is cached."""
+    ws = cfg.model.warm_start
+    settings = {"base": os.path.abspath(base), **to_dict(ws)}
+    # (settings at their defaults are left out of the key: the cache entries of earlier runs stay valid)
+    if not ws.moe_aux_loss_coeff:
+        settings.pop("moe_aux_loss_coeff")
+    for key in ("until_exact_match", "val_files", "check_every"):
+        if ws.until_exact_match is None:
+            settings.pop(key)
+    settings["data"] = [_file_identity(f) for f in ws.files]  # new data, new warm start (a name stays the same)
+    if ws.until_exact_match is not None:
+        settings["val_files"] = [_file_identity(f) for f in ws.val_files]
+    if cfg.model.tokenizer_path:
+        settings["tokenizer"] = os.path.abspath(cfg.model.tokenizer_path)
+    return cache_root() / "warm-start" / f"{Path(base).name}-sft-{settings_hash(settings)}"
+
+
 def warm_start_config(cfg: VerlConfig, base: str, output_dir: str) -> DictConfig:
     """The SFT run of model.warm_start: its files, steps, batch and optimiser, the run's actor backend, seed and
     model settings, one device (in-process unless the run asked for Ray, which is then started already), no
-    checkpoints; its log every 50 steps on the console."""
+    checkpoints; its log every 50 steps on the console. With until_exact_match, it validates on val_files every
+    check_every steps and stops at the first validation that reaches it."""
     ws = cfg.model.warm_start
+    until = ws.until_exact_match is not None
     run = {
         "trainer": {
             "total_steps": ws.steps,
@@ -64,10 +88,13 @@ def warm_start_config(cfg: VerlConfig, base: str, output_dir: str) -> DictConfig
             "resume": "disable",
             "val_before_train": False,
             "log_every": 50,
+            "val_every": ws.check_every if until else 0,
+            "stop_when": {"metric": "val/exact_match", "at_least": ws.until_exact_match} if until else None,
         },
         # SFTTrainer's examples hold up to max_prompt_length + max_response_length tokens: ws.max_length in all
         "data": {
             "train_files": list(ws.files),
+            "val_files": list(ws.val_files) if until else [],
             "max_prompt_length": ws.max_length - 1,
             "max_response_length": 1,
             "train_batch_size": ws.batch_size,

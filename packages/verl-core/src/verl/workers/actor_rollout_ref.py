@@ -162,10 +162,11 @@ class ActorRolloutRefWorker(Worker):
         return DataProto.from_dict(out)
 
     @register(Dispatch.DP_COMPUTE)
-    def actor_log_probs(self, batch: DataProto) -> DataProto:
-        """The actor's per-token log-probs of `responses` at temperature 1 (SFT's validation loss)."""
+    def actor_log_probs(self, batch: DataProto, temperature: float = 1.0) -> DataProto:
+        """The actor's per-token log-probs of `responses` at `temperature` (SFT's validation loss at 1; near 0 they
+        tell whether each token is the one greedy decoding picks)."""
         with self.peaks("log_probs"):
-            out = self._need("actor").infer(batch, temperature=1.0, **pass_sizes(self.plan.role("actor")))
+            out = self._need("actor").infer(batch, temperature=temperature, **pass_sizes(self.plan.role("actor")))
         return DataProto.from_dict({"log_probs": out.batch["log_probs"]})
 
     @register(Dispatch.DP_COMPUTE)
