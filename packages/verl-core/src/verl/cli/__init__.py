@@ -29,6 +29,7 @@ from verl.config.run_checks import check_run
 from verl.config.schema import VerlConfig
 from verl.config.user_code import add_user_code_paths
 from verl.config.validate import errors, validate_and_plan
+from verl.model_source import local_model_folder
 
 EXIT_OK = 0
 EXIT_BAD_CONFIG = 2
@@ -40,7 +41,7 @@ LIBRARIES = ("torch", "transformers", "ray", "megatron-core", "vllm", "sglang", 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl", description="RL post-training for LLMs (HybridFlow).")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{validate,train,export,info}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{validate,train,export,info,data}")
     validate = sub.add_parser("validate", help="check a recipe and print the resolved config and plan")
     train = sub.add_parser("train", help="train with a recipe")
     for command in (validate, train):
@@ -58,6 +59,20 @@ def _parser() -> argparse.ArgumentParser:
         "--model", default=None, help="fsdp: the base model folder, when the one the checkpoint names has moved"
     )
     sub.add_parser("info", help="installed backends, library versions and devices")
+    data = sub.add_parser("data", help="data sets: `verl data prepare NAME` writes one in verl's parquet format")
+    prepare = data.add_subparsers(dest="data_command", required=True, metavar="{prepare}").add_parser(
+        "prepare", help="convert a data set (a local file in its published layout, or a Hub id) to verl's format"
+    )
+    prepare.add_argument("name", help="gsm8k, math, math500, dapo_math, mmlu, reasoning_gym")
+    prepare.add_argument("--out", required=True, help="the folder to write <split>.parquet into")
+    prepare.add_argument(
+        "--input", default=None, help="a parquet/jsonl/json file or folder, or a Hub id (default: the set's)"
+    )
+    prepare.add_argument("--split", default="train", help="the split to read and the file's name (default: train)")
+    prepare.add_argument("--limit", type=int, default=None, help="at most this many rows")
+    prepare.add_argument("--task", default=None, help="reasoning_gym: the task (chain_sum, basic_arithmetic, ...)")
+    prepare.add_argument("--size", type=int, default=None, help="reasoning_gym: how many problems")
+    prepare.add_argument("--seed", type=int, default=None, help="reasoning_gym: the generator's seed")
     return parser
 
 
@@ -67,7 +82,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     # parse_args stops filling `overrides` at the first option, so `r.yaml --dry-run a=1` would reject
     # `a=1`; parse_known_args hands those back in order and they join the overrides.
     args, rest = parser.parse_known_args(list(argv))
-    unknown = [a for a in rest if a.startswith("-")] or (rest if args.command in ("info", "export") else [])
+    unknown = [a for a in rest if a.startswith("-")] or (rest if args.command in ("info", "export", "data") else [])
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if rest:
@@ -132,11 +147,12 @@ def _print_models(cfg: VerlConfig, plan: Plan) -> List[ConfigProblem]:
         if spec is None or not spec.model_info or spec.missing_requirements():
             continue
         path = str(rp.model_path or cfg.model.path)
-        if path.startswith("embedded:"):
-            lines.append(f"{role}: {path} is built at run time; not checked here")
+        folder = local_model_folder(path)
+        if folder is None:
+            lines.append(f"{role}: {path} is built, converted or downloaded at run time; not checked here")
             continue
         try:
-            described = spec.load("model_info")(path, rp.layout.sizes(), kind=kind)
+            described = spec.load("model_info")(folder, rp.layout.sizes(), kind=kind)
         except (ValueError, RuntimeError, OSError) as e:
             key = "critic.model_path" if rp.model_path else "model.path"
             fix = f"use a model the {spec.name} backend supports, or {role}.backend=fsdp"
@@ -286,7 +302,20 @@ def cmd_info(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"validate": cmd_validate, "train": cmd_train, "export": cmd_export, "info": cmd_info}
+def cmd_data(args: argparse.Namespace) -> int:
+    """`verl data prepare`: one data set in verl's RL format (verl.data.prepare)."""
+    from verl.data.prepare import prepare
+    from verl.registry import UnknownNameError
+
+    generated = {k: getattr(args, k) for k in ("task", "size", "seed") if getattr(args, k) is not None}
+    try:
+        prepare(args.name, args.out, source=args.input, split=args.split, limit=args.limit, **generated)
+    except (UnknownNameError, FileNotFoundError, ValueError, KeyError, TypeError) as e:
+        return _fail(f"verl data prepare {args.name}: {e}")
+    return EXIT_OK
+
+
+COMMANDS = {"validate": cmd_validate, "train": cmd_train, "export": cmd_export, "info": cmd_info, "data": cmd_data}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

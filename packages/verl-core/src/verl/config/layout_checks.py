@@ -317,7 +317,10 @@ def model_experts(cfg: Any) -> Optional[int]:
 
         spec = EMBEDDED_MODELS.get(path[len("embedded:") :])
         return None if spec is None else int(spec.settings.get("num_experts", 0))
-    return folder_experts(path)
+    from verl.model_source import local_model_folder  # (a Hub id's cached snapshot, a GGUF file's folder)
+
+    folder = local_model_folder(path)
+    return None if folder is None else folder_experts(folder)
 
 
 def _routing_replay_problems(ctx: Context, experts: Optional[int]) -> List[ConfigProblem]:
@@ -368,7 +371,9 @@ def check_expert_parallel(ctx: Context) -> List[ConfigProblem]:
             )
         elif experts and experts % ep:
             problems.append(
-                error_at(key, f"ep={ep} does not divide the model's {experts} experts", f"choose an ep dividing {experts}")
+                error_at(
+                    key, f"ep={ep} does not divide the model's {experts} experts", f"choose an ep dividing {experts}"
+                )
             )
     aux = value(ctx.cfg, "actor.moe_aux_loss_coeff")
     if isinstance(aux, (int, float)) and aux > 0:

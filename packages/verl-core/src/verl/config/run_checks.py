@@ -35,7 +35,19 @@ def _has_tokenizer(path: str) -> bool:
 def _model_folder(key: str, path: Any, needs_tokenizer: bool) -> List[ConfigProblem]:
     if path is None or _embedded(path):
         return []
-    fix = f"point {key} at a Hugging Face model folder (config.json, weights, tokenizer), or embedded:tiny-llama"
+    from verl.model_source import cached_hub_folder, is_gguf, is_hub_id
+
+    fix = (
+        f"point {key} at a Hugging Face model folder (config.json, weights, tokenizer), a Hub id (org/name) or a "
+        ".gguf file, or embedded:tiny-llama"
+    )
+    if isinstance(path, str) and is_gguf(path):  # (its tokenizer is in the file)
+        return [] if os.path.isfile(path) else [error_at(key, f"GGUF file '{path}' does not exist", fix)]
+    if isinstance(path, str) and is_hub_id(path):
+        folder = cached_hub_folder(path)
+        if folder is None:
+            return [_uncached(key, path)]
+        path = folder
     if not os.path.isdir(path):
         return [error_at(key, f"model folder '{path}' does not exist", fix)]
     if not os.path.isfile(os.path.join(path, "config.json")):
@@ -46,10 +58,29 @@ def _model_folder(key: str, path: Any, needs_tokenizer: bool) -> List[ConfigProb
     return []
 
 
+def _uncached(key: str, repo: str) -> ConfigProblem:
+    """A Hub id not in the local cache: an error offline (HF_HUB_OFFLINE), else a warning (downloaded at start)."""
+    from huggingface_hub import constants  # pants: no-infer-dep (installed with transformers)
+
+    from verl.model_source import hub_cache
+
+    where = f"'{repo}' is not in the Hugging Face cache ({hub_cache()})"
+    if constants.HF_HUB_OFFLINE:
+        download = f"huggingface-cli download {repo.partition('@')[0]}"
+        fix = f"download it where the network allows (`{download}`), or unset HF_HUB_OFFLINE"
+        return error_at(key, f"{where} and HF_HUB_OFFLINE is set", fix)
+    return warning_at(key, f"{where}: it is downloaded from the Hub when the run starts")
+
+
 def _tokenizer_folder(path: Any) -> List[ConfigProblem]:
     if path is None or _embedded(path) or (os.path.isdir(path) and _has_tokenizer(path)):
         return []
-    fix = "point it at a folder saved with tokenizer.save_pretrained, or null for the model's own"
+    from verl.model_source import cached_hub_folder, is_hub_id
+
+    if isinstance(path, str) and is_hub_id(path):
+        folder = cached_hub_folder(path)
+        return [_uncached("model.tokenizer_path", path)] if folder is None else _tokenizer_folder(folder)
+    fix = "point it at a folder saved with tokenizer.save_pretrained or a Hub id, or null for the model's own"
     return [
         error_at(
             "model.tokenizer_path", f"'{path}' is not a tokenizer folder (none of {', '.join(TOKENIZER_FILES)})", fix
@@ -58,9 +89,14 @@ def _tokenizer_folder(path: Any) -> List[ConfigProblem]:
 
 
 def _parquet(
-    key: str, path: Any, columns: Sequence[str], alternative: Optional[Sequence[str]] = None
+    key: str,
+    path: Any,
+    columns: Sequence[str],
+    alternative: Optional[Sequence[str]] = None,
+    messages: Sequence[str] = (),
 ) -> List[ConfigProblem]:
-    """A data file that exists, is parquet, has the columns (or the `alternative` ones) and at least one row."""
+    """A data file that exists, is parquet, has the columns (or the `alternative` ones), at least one row, and chat
+    messages in the `messages` columns."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -83,7 +119,31 @@ def _parquet(
         return [error_at(key, message, f"write it with the columns {', '.join(columns)}")]
     if meta.num_rows == 0:
         return [error_at(key, f"'{path}' has no rows", "give a file with at least one example")]
-    return []
+    return _column_types(key, path, meta.schema.to_arrow_schema(), messages)
+
+
+def _is_messages(tp: Any) -> bool:
+    """An Arrow list of structs with string `role` and `content` (chat messages)."""
+    import pyarrow as pa
+
+    if not (pa.types.is_list(tp) or pa.types.is_large_list(tp)) or not pa.types.is_struct(tp.value_type):
+        return False
+    fields = {f.name: f.type for f in tp.value_type}
+    return all(name in fields and pa.types.is_string(fields[name]) for name in ("role", "content"))
+
+
+def _column_types(key: str, path: str, schema: Any, messages: Sequence[str]) -> List[ConfigProblem]:
+    """The columns that must hold chat messages (a plain-text prompt is the usual slip) do."""
+    from verl.data.rows import MESSAGES_FORMAT  # (lazy: the data package reads parquet)
+
+    problems = []
+    for column in messages:
+        if column in schema.names and not _is_messages(schema.field(column).type):
+            tp = schema.field(column).type
+            message = f"'{path}': column '{column}' holds {tp}, not chat messages ({MESSAGES_FORMAT})"
+            fix = f"write each {column} as [{{'role': 'user', 'content': text}}] (verl data prepare writes this format)"
+            problems.append(error_at(key, message, fix))
+    return problems
 
 
 def _resume(cfg: Any) -> List[ConfigProblem]:
@@ -147,12 +207,16 @@ def check_run(cfg: Any, roles: Sequence[str], strict: bool = True, reward_given:
         )
         if sft:  # prompt and response, or whole conversations
             columns = SFT_COLUMNS
+        # (a DPO prompt may be plain text, used as it is)
+        chat = () if offline_dpo and section == "train_files" else ("prompt", "messages") if sft else (prompt_key,)
         for i, path in enumerate(_list(value(cfg, f"data.{section}"))):
-            problems += _parquet(f"data.{section}[{i}]", path, columns, alternative=("messages",) if sft else None)
+            alternative = ("messages",) if sft else None
+            problems += _parquet(f"data.{section}[{i}]", path, columns, alternative, messages=chat)
     if value(cfg, "model.warm_start") is not None:
         for section in ("files", "val_files"):
             for i, path in enumerate(_list(value(cfg, f"model.warm_start.{section}"))):
-                problems += _parquet(f"model.warm_start.{section}[{i}]", path, SFT_COLUMNS, alternative=("messages",))
+                key = f"model.warm_start.{section}[{i}]"
+                problems += _parquet(key, path, SFT_COLUMNS, alternative=("messages",), messages=("prompt", "messages"))
     problems += _resume(cfg)
     if not strict:
         problems = [ConfigProblem(p.key, p.message, p.fix, "warning", p.location) for p in problems]

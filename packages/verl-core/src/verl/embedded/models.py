@@ -19,7 +19,6 @@ from verl.embedded.cache import (
     cache_root,
     cached_dir,
     embedded_name,
-    is_embedded,
     settings_hash,
 )
 from verl.embedded.specs import EMBEDDED_MODELS, EmbeddedModelSpec
@@ -28,6 +27,7 @@ from verl.embedded.tokenizer import build_char_tokenizer
 logger = logging.getLogger(__name__)
 
 __all__ = ["EMBEDDED_MODELS", "EmbeddedModelSpec", "build_embedded_model", "materialize_embedded_model"]
+
 
 def parse_embedded(path: str) -> str:
     """The model NAME in "embedded:NAME"; an unknown name raises an error listing the known ones."""
@@ -86,5 +86,8 @@ def materialize_embedded_model(name: str, cache_dir: str | os.PathLike | None = 
 
 
 def resolve_model_path(path: str, cache_dir: str | os.PathLike | None = None) -> str:
-    """A loadable folder for `model.path`: embedded models are materialised, other paths pass through."""
-    return materialize_embedded_model(path, cache_dir) if is_embedded(path) else path
+    """A loadable folder for `model.path`: embedded models materialised, Hub ids and GGUF files as
+    `verl.model_source.resolve_model_source` resolves them, folders as they are."""
+    from verl.model_source import resolve_model_source
+
+    return resolve_model_source(path, cache_dir)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from verl.config.errors import ConfigError, ConfigProblem
 from verl.config.instantiate import instantiate
@@ -24,13 +24,19 @@ from verl.reward.answers import gsm8k_answer, last_boxed, last_number, math_answ
 __all__ = ["REWARD_FNS", "RewardFn", "get_reward_fn", "register_reward"]
 
 RewardFn = Callable[[str, str, str, dict[str, Any]], float | dict[str, Any]]
+F = TypeVar("F", bound=Callable[..., Any])
 
-REWARD_FNS = Registry("reward function", ("prompt", "response", "ground_truth", "extra"))
+# (the task scorers and `default`, which dispatches by data source, register from modules of their own)
+REWARD_FNS = Registry(
+    "reward function",
+    ("prompt", "response", "ground_truth", "extra"),
+    builtins=("verl.reward.task_scorers", "verl.reward.dispatch"),
+)
 
 CONFIG_KEY = "reward.fn"
 
 
-def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
+def register_reward(name: str) -> Callable[[F], F]:
     """Decorator: make `fn` available as `reward.fn: <name>` in a recipe."""
 
     return REWARD_FNS.register(name)
