@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the wheels `./pants package ::` built into fresh virtualenvs, as a user would, and checks that
 #   1. verl-core alone pulls in none of megatron-core, vllm, sglang, triton, and its `verl` command runs;
-#   2. core + fsdp + rollout (the common CPU set), named alone, install without Triton and train a tiny run;
+#   2. core + fsdp + rollout (the common CPU set), named alone, install without Triton or Ray (a run on Ray is
+#      refused naming the `ray` extra), then with the extra train a tiny run on a local Ray cluster;
 #   3. with all five wheels, every backend registers and every recipe validates outside the repository;
 #   4. pip builds the same five wheels from packages/*/pyproject.toml, without Pants.
 # Usage: check_install.sh [DIST_DIR]. Extra pip arguments (an index, find-links) come from pip's own config.
@@ -44,11 +45,16 @@ mkdir -p "$work/src" && cp -r "$here"/../packages/verl-* "$work/src/"
 # without Triton, its optional extra); a tiny GRPO run trains with it from outside the repository, on a real
 # local Ray cluster (trainer.controller=ray: a one-device run would otherwise keep its workers in-process).
 pip_install --find-links "$dist" verl-core verl-fsdp verl-rollout
-extra="$("$work/core/bin/pip" list 2>/dev/null | grep -iE "^(triton|megatron-core|vllm|sglang) " || true)"
+extra="$("$work/core/bin/pip" list 2>/dev/null | grep -iE "^(triton|megatron-core|vllm|sglang|ray) " || true)"
 [ -z "$extra" ] || fail "core + fsdp + rollout pulled in: $extra"
 tiny=(trainer.total_steps=2 trainer.controller=ray model.warm_start=null data.train_batch_size=4 actor.ppo_mini_batch_size=4 rollout.n=2
       actor.ppo_micro_batch_size_per_device=8
       trainer.val_every=0 data.val_files=[] "trainer.output_dir=$work/run" "tracking.loggers=[console]")
+# Ray is verl-core's `ray` extra: a run on Ray without it is refused before anything starts, naming the extra.
+(cd "$work" && "$work/core/bin/verl" train "$recipes/grpo_tiny.yaml" "${tiny[@]}" > "$work/no-ray.log" 2>&1) \
+    && fail "a run on Ray started without Ray installed"
+grep -q "verl-core\[ray\]" "$work/no-ray.log" || { cat "$work/no-ray.log" >&2; fail "no word of the ray extra"; }
+pip_install --find-links "$dist" "verl-core[ray]"
 (cd "$work" && "$work/core/bin/verl" train "$recipes/grpo_tiny.yaml" "${tiny[@]}" > "$work/train.log" 2>&1) \
     || { cat "$work/train.log" >&2; fail "a tiny training with core + fsdp + rollout failed"; }
 grep -qE "^verl grpo_tiny: .*; 2 steps in" "$work/train.log" || { cat "$work/train.log" >&2; fail "no summary line"; }

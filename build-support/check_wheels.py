@@ -22,7 +22,7 @@ EXPECTED = {
     "verl_kernels": {"torch", "triton"},
 }
 # Installing verl-core alone must not pull any of these (they belong to backend packages or extras).
-HEAVY = {"megatron-core", "vllm", "sglang", "triton"}
+HEAVY = {"megatron-core", "vllm", "sglang", "triton", "ray"}
 
 
 def wheel_metadata(path: Path) -> tuple[list[str], dict[str, set[str]]]:

@@ -35,6 +35,7 @@ def verl_recipe(name, backends, description="", resolve="cpu", requirements=(), 
     ]
     deps += [req for b, req in _BACKEND_REQUIREMENTS if b in backends and resolve != "cpu"]
     deps += [f"3rdparty/python:{resolve}#{req}" for req in requirements]
+    deps.append(f"3rdparty/python:{resolve}#ray")  # (verl-core's `ray` extra: runs over more than one device)
     pex_binary(
         name=name,
         description=description or f"Train with recipes/{name}.yaml",

@@ -582,3 +582,15 @@ def test_a_warm_start_to_an_exact_match_share_needs_held_out_files():
     assert not errors(check({"model": {"warm_start": {**ws, "val_files": ["embedded:arithmetic-sft-val"]}}}))
     p = only(check({"model": {"warm_start": {**ws, "val_files": ["x.parquet"], "until_exact_match": 1.5}}}))
     assert p.key == "model.warm_start.until_exact_match" and "[0, 1]" in p.message
+
+
+def test_a_run_on_ray_without_ray_installed_names_the_extra(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    two = {"placement": {"devices_per_node": 2}}
+    p = only(check(two))
+    assert p.key == "trainer.controller" and "auto: 2 devices" in p.message and "verl-core[ray]" in p.fix
+    assert only(check(two, strict=False), "warning").key == "trainer.controller"  # planning for another machine
+    assert errors(check({"placement": {"devices_per_node": 1}})) == []  # one device: in-process, no Ray

@@ -121,6 +121,8 @@ def test_reasoning_gym_is_generated_from_its_seed_and_checked_by_its_own_checker
         assert row["data_source"] == "reasoning_gym/chain_sum"
         assert score("", f"Adding up.\n{truth}", truth, extra)["acc"] == 1.0  # the last line is the answer
         assert score("", f"<answer>{truth}</answer>", truth, extra)["acc"] == 1.0
+        assert score("", f"The final answer is {truth}.", truth, extra)["acc"] == 1.0  # the clause after " is "
+        assert score("", f"{row['extra_info']['index']} + 0 = {truth}", truth, extra)["acc"] == 1.0  # after "="
         assert score("", f"{int(truth) + 1}", truth, extra)["acc"] == 0.0
 
 

@@ -90,3 +90,20 @@ def test_a_registered_source_is_scored_by_its_scorer():
         from verl.reward.dispatch import SOURCE_SCORERS
 
         SOURCE_SCORERS.unregister("verl-test/exact")
+
+
+@pytest.mark.parametrize(
+    "response, answer",
+    [
+        ("Adding up the terms.\n214", "214"),
+        ("The final answer is 2.", "2"),
+        ("1 + 5 = 6", "6"),
+        ("205 - 838 + 505 = -128", "-128"),
+        ("<answer>-4</answer> and more text", "-4"),  # a tag wins
+        ("", ""),
+    ],
+)
+def test_a_reasoning_gym_answer_is_read_from_the_tag_or_the_last_lines_final_clause(response, answer):
+    from verl.reward.task_scorers import final_answer
+
+    assert final_answer(response) == answer

@@ -3,6 +3,8 @@ layout as its backend can run it (FSDP, megatron's TP/PP/VPP/CP/SP/EP, the rollo
 
 from __future__ import annotations
 
+import importlib.util
+
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from verl.config.checks import Context, error_at, warning_at
@@ -152,16 +154,26 @@ def check_cuda_here(ctx: Context) -> List[ConfigProblem]:
 
 
 def check_controller(ctx: Context) -> List[ConfigProblem]:
+    """The local controller stays on one node; a run on Ray needs Ray installed (verl-core's `ray` extra)."""
     nnodes = value(ctx.cfg, "placement.nnodes")
-    if value(ctx.cfg, "trainer.controller") != "local" or not isinstance(nnodes, int) or nnodes <= 1:
-        return []
-    return [
-        error_at(
+    if value(ctx.cfg, "trainer.controller") == "local" and isinstance(nnodes, int) and nnodes > 1:
+        return [
+            error_at(
+                "trainer.controller",
+                f"the local controller runs workers in this process and cannot span placement.nnodes={nnodes} nodes",
+                "set trainer.controller=ray, or placement.nnodes=1",
+            )
+        ]
+    plan = ctx.draft.plan
+    if plan.controller == "ray" and importlib.util.find_spec("ray") is None:
+        problem = ConfigProblem(
             "trainer.controller",
-            f"the local controller runs workers in this process and cannot span placement.nnodes={nnodes} nodes",
-            "set trainer.controller=ray, or placement.nnodes=1",
+            f"this run's workers are Ray actors ({plan.controller_why}), and Ray is not installed",
+            "pip install 'verl-core[ray]' (or, for one device, trainer.controller=local)",
+            "error" if ctx.strict else "warning",
         )
-    ]
+        return [problem]
+    return []
 
 
 def _not_one(parallel: Dict[str, Any], axes: Sequence[str]) -> List[str]:

@@ -34,7 +34,7 @@ def init_ray(
       RAY_AUTH_TOKEN are set, which are respected), and its processes end with this one, even when it is killed.
     The dashboard is off (it costs memory and startup time).
     """
-    import ray  # here, not at import: a run without Ray never pays for importing it
+    import ray  # pants: no-infer-dep (the ray extra); imported here: a run without Ray never pays for it
 
     if ray.is_initialized():
         return False
@@ -97,7 +97,7 @@ def _reload_ray_auth() -> None:
     """Have Ray re-read the auth mode and token from the environment: it caches both per process, so a second
     cluster in one process (a notebook, a test session) would otherwise talk to its GCS with the first's."""
     # (ray._raylet is compiled: the type checker sees no names in it)
-    from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]
+    from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]  # pants: no-infer-dep
 
     Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()

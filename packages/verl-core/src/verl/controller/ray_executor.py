@@ -8,8 +8,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-import ray
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+import ray  # pants: no-infer-dep (the ray extra)
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # pants: no-infer-dep (the ray extra)
 
 from verl.controller.dispatch import RankCall
 from verl.controller.errors import WorkerError, clean_traceback

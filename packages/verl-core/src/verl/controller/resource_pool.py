@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ray.util.placement_group import PlacementGroup
+    from ray.util.placement_group import PlacementGroup  # pants: no-infer-dep (the ray extra)
 
     from verl.config.plan import Plan
 
@@ -98,7 +98,7 @@ class ResourcePool:
     def slots(self, timeout_s: float = 600.0) -> list[Slot]:
         """One slot per rank, in rank order; reserves the placement groups on first use (waits up to timeout_s)."""
         if self._slots is None:
-            import ray  # here, not at import: a run without Ray never pays for importing it
+            import ray  # pants: no-infer-dep (the ray extra); imported here: a run without Ray never pays for it
 
             if not ray.is_initialized():  # else Ray would start a default cluster on its own
                 raise RuntimeError(
@@ -111,22 +111,26 @@ class ResourcePool:
     def remove(self) -> None:
         """Release the reservation (worker groups on this pool should be shut down first)."""
         for pg in dict.fromkeys(slot.placement_group for slot in self._slots or []):  # each node's group once
-            from ray.util.placement_group import remove_placement_group
+            from ray.util.placement_group import remove_placement_group  # pants: no-infer-dep (the ray extra)
 
             remove_placement_group(pg)
         self._slots = None
 
     def _reserve(self, timeout_s: float) -> list[PlacementGroup]:
-        import ray
-        from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+        import importlib
+
+        import ray  # pants: no-infer-dep (the ray extra)
+
+        # (the module: ray.util's attribute of that name is the function)
+        groups_api = importlib.import_module("ray.util.placement_group")
 
         # Unnamed: Ray requires placement group names to be unique, and two runs may use the same pool name.
-        groups = [placement_group([self.bundle()] * size, strategy="STRICT_PACK") for size in self.node_sizes]
+        groups = [groups_api.placement_group([self.bundle()] * n, strategy="STRICT_PACK") for n in self.node_sizes]
         _, pending = ray.wait([pg.ready() for pg in groups], num_returns=len(groups), timeout=timeout_s)
         if pending:
-            states = [placement_group_table(pg)["stats"]["scheduling_state"] for pg in groups]
+            states = [groups_api.placement_group_table(pg)["stats"]["scheduling_state"] for pg in groups]
             for pg in groups:
-                remove_placement_group(pg)
+                groups_api.remove_placement_group(pg)
             raise RuntimeError(
                 f"ResourcePool '{self.name}': could not reserve {self.nnodes} node(s) with {list(self.node_sizes)} "
                 f"bundles of {self.bundle()} within {timeout_s:.0f} s (placement group states: {states}); the "
@@ -151,7 +155,7 @@ def _slots_of(groups: list[PlacementGroup]) -> list[Slot]:
 
 def _wait_for_table(pg: PlacementGroup, timeout_s: float = 10.0) -> dict:
     """The placement group's table once every bundle has a node (the table can lag `ready()` briefly)."""
-    from ray.util.placement_group import placement_group_table
+    from ray.util.placement_group import placement_group_table  # pants: no-infer-dep (the ray extra)
 
     deadline = time.monotonic() + timeout_s
     while True:

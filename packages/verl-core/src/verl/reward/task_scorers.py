@@ -72,12 +72,16 @@ def multiple_choice(prompt: str, response: str, ground_truth: str, extra: dict, 
 
 
 def final_answer(response: str) -> str:
-    """What a reasoning-gym answer is read from: the last <answer>...</answer>, else the last non-empty line."""
+    """What a reasoning-gym answer is read from: the last <answer>...</answer>; else the last non-empty line's final
+    clause (after its last "=" or " is ": "The final answer is 6." and "1 + 5 = 6" both give "6"), without a
+    trailing period."""
     tagged = _ANSWER_TAG_RE.findall(response)
     if tagged:
         return tagged[-1].strip()
     lines = [line.strip() for line in response.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else ""
+    last = lines[-1] if lines else ""
+    clause = re.split(r"=| is ", last)[-1].strip()
+    return clause[:-1].rstrip() if clause.endswith(".") else clause
 
 
 @cache

@@ -63,7 +63,7 @@ class StepProfiler:
         with open(os.path.join(self.dir, "stages.json"), "w") as f:
             json.dump({"traceEvents": names + self.events, "displayTimeUnit": "ms"}, f)
         if self.controller == "ray":
-            import ray
+            import ray  # pants: no-infer-dep (the ray extra)
 
             ray.timeline(filename=os.path.join(self.dir, "ray_timeline.json"))
         print(f"verl: profile of steps {self.first}-{self.last} written to {self.dir}", flush=True)
