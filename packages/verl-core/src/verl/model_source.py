@@ -43,10 +43,16 @@ def hub_cache() -> str:
     return str(constants.HF_HUB_CACHE)
 
 
-def _offline() -> bool:
+def hub_offline() -> bool:
+    """Whether HF_HUB_OFFLINE is set: the cache only, no download."""
     from huggingface_hub import constants  # pants: no-infer-dep (installed with transformers)
 
     return bool(constants.HF_HUB_OFFLINE)
+
+
+def download_hint(repo: str) -> str:
+    """How to put Hub id `repo` into the cache where the network allows."""
+    return f"`huggingface-cli download {repo.partition('@')[0]}`"
 
 
 def cached_hub_folder(repo: str) -> Optional[str]:
@@ -67,10 +73,10 @@ def hub_folder(repo: str) -> str:
     if found is not None:
         return found
     repo_id, _, revision = repo.partition("@")
-    if _offline():
+    if hub_offline():
         raise ModelSourceError(
             f"model '{repo}' is not in the Hugging Face cache ({hub_cache()}) and HF_HUB_OFFLINE is set; download it "
-            f"where the network allows (`huggingface-cli download {repo_id}`) into that cache, or give a local folder"
+            f"where the network allows ({download_hint(repo)}) into that cache, or give a local folder"
         )
     from huggingface_hub import snapshot_download  # pants: no-infer-dep (installed with transformers)
 

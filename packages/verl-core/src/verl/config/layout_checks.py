@@ -4,7 +4,6 @@ layout as its backend can run it (FSDP, megatron's TP/PP/VPP/CP/SP/EP, the rollo
 from __future__ import annotations
 
 import importlib.util
-
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from verl.config.checks import Context, error_at, warning_at

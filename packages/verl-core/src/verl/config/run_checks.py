@@ -60,14 +60,11 @@ def _model_folder(key: str, path: Any, needs_tokenizer: bool) -> List[ConfigProb
 
 def _uncached(key: str, repo: str) -> ConfigProblem:
     """A Hub id not in the local cache: an error offline (HF_HUB_OFFLINE), else a warning (downloaded at start)."""
-    from huggingface_hub import constants  # pants: no-infer-dep (installed with transformers)
-
-    from verl.model_source import hub_cache
+    from verl.model_source import download_hint, hub_cache, hub_offline
 
     where = f"'{repo}' is not in the Hugging Face cache ({hub_cache()})"
-    if constants.HF_HUB_OFFLINE:
-        download = f"huggingface-cli download {repo.partition('@')[0]}"
-        fix = f"download it where the network allows (`{download}`), or unset HF_HUB_OFFLINE"
+    if hub_offline():
+        fix = f"download it where the network allows ({download_hint(repo)}), or unset HF_HUB_OFFLINE"
         return error_at(key, f"{where} and HF_HUB_OFFLINE is set", fix)
     return warning_at(key, f"{where}: it is downloaded from the Hub when the run starts")
 

@@ -107,8 +107,9 @@ def prepare(
                 skipped += 1
             else:
                 rows.append(row)
-    if limit is not None:
-        rows = rows[:limit]
+            if limit is not None and len(rows) >= limit:
+                break
+    rows = rows[:limit]
     if not rows:
         raise ValueError(f"verl data prepare {name}: no records converted from {source or name} ({skipped} skipped)")
     os.makedirs(out_dir, exist_ok=True)

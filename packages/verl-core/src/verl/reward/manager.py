@@ -27,7 +27,7 @@ import math
 from collections import defaultdict
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from numbers import Real
 from typing import Any, List
 
@@ -62,7 +62,7 @@ class _FnResult:
     score: float
     acc: float | None
     extras: dict[str, float]
-    pred: str | None = None  # the answer the function read from the response ("pred"), for majority votes
+    pred: str | None = None  # the answer read from the response: the function's "pred", else the text (votes)
 
     @property
     def correct(self) -> float:
@@ -167,8 +167,8 @@ class RewardManager:
         token_level_scores = torch.where(is_last, scores.to(responses.device, torch.float32).unsqueeze(1), 0.0)
 
         seq_scores = token_level_scores.sum(dim=1).double().cpu()
-        if fn_results is not None:  # (last_answers: set with them)
-            self.last_correct = [r.correct for r in fn_results]
+        if fn_results is not None:
+            self.last_correct, self.last_answers = [r.correct for r in fn_results], [r.pred for r in fn_results]
         else:
             self.last_correct, self.last_answers = [float(v > 0) for v in seq_scores.tolist()], [None] * n
         metrics.update(_score_metrics(seq_scores, sources, fn_results))
@@ -234,8 +234,8 @@ class RewardManager:
                 results = list(pool.map(score, range(n)))
         else:
             results = [score(i) for i in range(n)]
-        self.last_answers = [r.pred if r.pred is not None else t.strip() for r, t in zip(results, texts)]
-        return results
+        # the answer each gave: the function's "pred", else the response text
+        return [r if r.pred is not None else replace(r, pred=t.strip()) for r, t in zip(results, texts)]
 
     def _texts(self, batch: DataProto, responses: torch.Tensor, mask: torch.Tensor) -> list[str]:
         """Each row's response as text."""

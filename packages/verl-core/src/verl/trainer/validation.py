@@ -67,7 +67,7 @@ def greedy_metrics(values: Dict[str, list]) -> Dict[str, float]:
     """val/accuracy, val/score/mean and val/n, overall and per data source (one sample per prompt)."""
     metrics: Dict[str, float] = {}
     for source, prefix in _prefixes(values["source"]).items():
-        rows = [r for g in _groups(values, 1, source) for r in g]
+        rows = [r for r, s in enumerate(values["source"]) if source is None or s == source]
         metrics[f"{prefix}/accuracy"] = sum(values["correct"][r] for r in rows) / len(rows)
         metrics[f"{prefix}/score/mean"] = sum(values["score"][r] for r in rows) / len(rows)
         metrics[f"{prefix}/n"] = float(len(rows))

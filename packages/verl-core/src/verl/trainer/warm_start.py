@@ -61,12 +61,12 @@ def warm_start_dir(cfg: VerlConfig, base: str) -> Path:
     # (settings at their defaults are left out of the key: the cache entries of earlier runs stay valid)
     if not ws.moe_aux_loss_coeff:
         settings.pop("moe_aux_loss_coeff")
-    for key in ("until_exact_match", "val_files", "check_every"):
-        if ws.until_exact_match is None:
+    if ws.until_exact_match is None:
+        for key in ("until_exact_match", "val_files", "check_every"):
             settings.pop(key)
-    settings["data"] = [_file_identity(f) for f in ws.files]  # new data, new warm start (a name stays the same)
-    if ws.until_exact_match is not None:
+    else:
         settings["val_files"] = [_file_identity(f) for f in ws.val_files]
+    settings["data"] = [_file_identity(f) for f in ws.files]  # new data, new warm start (a name stays the same)
     if cfg.model.tokenizer_path:
         settings["tokenizer"] = os.path.abspath(cfg.model.tokenizer_path)
     return cache_root() / "warm-start" / f"{Path(base).name}-sft-{settings_hash(settings)}"
