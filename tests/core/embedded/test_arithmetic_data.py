@@ -8,12 +8,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from verl.data.sources import resolve_data_files
 from verl.embedded.arithmetic import (
     EMBEDDED_DATASETS,
     make_arithmetic_rows,
     make_sft_rows,
     pair_split,
-    resolve_data_files,
     split_problems,
     write_arithmetic_parquet,
 )

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from verl.agents.sandbox import sandbox_problem
 from verl.reward.dispatch import register_source, scorer_for
 from verl.reward.functions import REWARD_FNS, get_reward_fn
+from verl.reward.task_scorers import code_block, code_tests_score
 
 # (response, ground truth, right?)
 MATH_CASES = [
@@ -107,3 +109,40 @@ def test_a_reasoning_gym_answer_is_read_from_the_tag_or_the_last_lines_final_cla
     from verl.reward.task_scorers import final_answer
 
     assert final_answer(response) == answer
+
+
+MBPP_TESTS = '["assert first_repeated(\\"abcabc\\") == \\"a\\"", "assert first_repeated(\\"abc\\") is None"]'
+SOLUTION = """def first_repeated(s):
+    seen = set()
+    for c in s:
+        if c in seen:
+            return c
+        seen.add(c)
+    return None
+"""
+
+
+def _code_score(response: str, truth: str = MBPP_TESTS, **extra):
+    return get_reward_fn("default")("", response, truth, {"data_source": "mbpp", **extra})
+
+
+@pytest.mark.skipif(sandbox_problem() is not None, reason=f"no sandbox on this machine: {sandbox_problem()}")
+def test_code_is_right_when_its_tests_pass_in_the_sandbox():
+    right = _code_score(f"Here it is:\n```python\n{SOLUTION}```\nIt keeps a set.")
+    assert right == {"score": 1.0, "acc": 1.0, "pred": SOLUTION.strip()}
+    assert _code_score(f"```python\n{SOLUTION.replace('return c', 'return None')}```")["acc"] == 0.0  # a test fails
+    assert _code_score(f"```\n{SOLUTION}```")["acc"] == 1.0  # a bare block
+    assert _code_score(SOLUTION) == {"score": 0.0, "acc": 0.0, "pred": None}  # no block: nothing was answered
+    sleeper = "```python\nimport time\ndef first_repeated(s):\n    time.sleep(60)\n```"
+    assert code_tests_score("", sleeper, MBPP_TESTS, {}, wall_s=2.0)["acc"] == 0.0  # (the wall limit ends it)
+    # the tests run after setup code; the host's files are not there to read
+    setup = "import collections"
+    assert _code_score(f"```python\n{SOLUTION}```", test_setup_code=setup)["acc"] == 1.0
+    leaky = "```python\ndef first_repeated(s):\n    return open('/etc/hostname').read()[0]\n```"
+    assert _code_score(leaky, '["assert first_repeated(\\"x\\")"]')["acc"] == 0.0
+    assert _code_score("```py\ndef f():\n    return 1\n```", '"assert f() == 1"')["acc"] == 1.0  # one test, bare
+
+
+def test_code_block_takes_the_last_python_block():
+    text = "```python\nx = 1\n```\nthen\n```python\nx = 2\n```"
+    assert code_block(text) == "x = 2\n" and code_block("no code") is None

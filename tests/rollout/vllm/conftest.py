@@ -1,7 +1,7 @@
 import pytest
 
 from tests.support.engines import make_llama_dir
-from tests.support.fixtures import embedded_cache, ray_three_cpus  # noqa: F401
+from tests.support.fixtures import embedded_cache, ray_three_cpus, smollm2_dir  # noqa: F401
 
 
 @pytest.fixture(scope="module")

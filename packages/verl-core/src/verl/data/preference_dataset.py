@@ -20,7 +20,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from verl.data.rows import MESSAGES_FORMAT, check_messages, read_columns, render_prompts, warn_dropped
-from verl.embedded.arithmetic import resolve_data_files
+from verl.data.sources import resolve_data_files
 from verl.protocol import DataProto
 from verl.rollout_batch import pad_rows, rollout_tensors
 

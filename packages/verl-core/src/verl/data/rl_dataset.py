@@ -16,7 +16,7 @@ from torch.nn.utils.rnn import pad_sequence
 from verl.data.prompt_cache import cached_prompts
 from verl.data.rows import MESSAGES_FORMAT, check_messages, read_columns, render_prompts, warn_dropped
 from verl.data.sample_tools import row_tool_kwargs, row_tools
-from verl.embedded.arithmetic import resolve_data_files
+from verl.data.sources import resolve_data_files
 from verl.embedded.cache import settings_hash
 from verl.protocol import DataProto
 

@@ -8,7 +8,6 @@ from verl.embedded.arithmetic import (
     EMBEDDED_DATASETS,
     make_arithmetic_rows,
     make_sft_rows,
-    resolve_data_files,
     write_arithmetic_parquet,
 )
 from verl.embedded.cache import cache_root, is_embedded
@@ -32,7 +31,6 @@ __all__ = [
     "make_sft_rows",
     "materialize_embedded_model",
     "parse_embedded",
-    "resolve_data_files",
     "resolve_model_path",
     "write_arithmetic_parquet",
 ]

@@ -25,8 +25,6 @@ import pyarrow.parquet as pq
 from verl.embedded.cache import (
     cache_root,
     cached_file,
-    embedded_name,
-    is_embedded,
     settings_hash,
 )
 
@@ -260,15 +258,3 @@ def write_arithmetic_parquet(
     train = ArithmeticFile(split="train", n=n_train, seed=seed, max_operand=max_operand)
     val = ArithmeticFile(split="val", n=n_val, seed=seed, max_operand=max_operand)
     return train.materialize(cache_dir), val.materialize(cache_dir)
-
-
-def resolve_data_files(files: Sequence[str], cache_dir: str | os.PathLike | None = None) -> list[str]:
-    """Paths for data files: "embedded:NAME" becomes its cached parquet file; other paths pass through."""
-    if isinstance(files, str):
-        raise TypeError(f"files must be a list of paths, got the string {files!r}; write [{files!r}]")
-    return [
-        EMBEDDED_DATASETS[embedded_name(f, EMBEDDED_DATASETS, "data set")].materialize(cache_dir)
-        if is_embedded(f)
-        else f
-        for f in files
-    ]

@@ -27,6 +27,8 @@ DEFAULT_SCORERS = {
     "cais/mmlu": "multiple_choice",
     "Idavidrein/gpqa": "multiple_choice",
     "reasoning_gym/*": "reasoning_gym",
+    "mbpp": "code_tests",
+    "google-research-datasets/mbpp": "code_tests",
     "embedded/arithmetic": "arithmetic",
 }
 

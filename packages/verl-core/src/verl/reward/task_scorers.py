@@ -1,10 +1,14 @@
 """Scorers for the tasks users train on, beside the built-ins of `verl.reward.functions`: MATH-style answers by
-symbolic equivalence (math-verify), multiple choice, and reasoning-gym's own checkers. Each returns a dict with
-"score", "acc" (whether it is right) and "pred" (the answer it read, what a majority vote counts).
+symbolic equivalence (math-verify), multiple choice, reasoning-gym's own checkers, and code run against its tests
+in the sandbox. Each returns a dict with "score", "acc" (whether it is right) and "pred" (the answer it read, what a
+majority vote counts).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import functools
 import json
 import re
 import threading
@@ -23,6 +27,7 @@ _CHOICE_RES = (
     re.compile(r"^\s*([A-Z])[.)]?\s*$", re.M),
 )
 _ANSWER_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.S)
+_CODE_BLOCK_RE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.S | re.I)
 
 
 def _result(right: bool, pred: Optional[str], format_score: float = 0.0) -> dict:
@@ -105,3 +110,37 @@ def reasoning_gym_score(prompt: str, response: str, ground_truth: str, extra: di
     pred = final_answer(response)
     score = float(_gym_checker(str(info["task"]))(pred, entry))
     return {"score": score, "acc": float(score >= 1.0), "pred": pred}
+
+
+def code_block(response: str) -> Optional[str]:
+    """The program in a response: its last ```python (or bare ```) block; None when it has none."""
+    blocks = _CODE_BLOCK_RE.findall(response)
+    return blocks[-1] if blocks else None
+
+
+@register_reward("code_tests")
+def code_tests_score(
+    prompt: str, response: str, ground_truth: str, extra: dict, *, cpu_s: int = 5, wall_s: float = 10.0
+) -> dict:
+    """Right when the response's code passes every test (`ground_truth`: a JSON list of Python statements, e.g.
+    asserts, as `verl data prepare mbpp` writes; extra_info.test_setup_code runs first), run in the sandbox
+    (verl.agents.sandbox: no network, none of the host's files, `cpu_s` CPU and `wall_s` wall seconds)."""
+    from verl.agents.sandbox import SandboxLimits, run_sandboxed, sandbox_problem
+
+    problem = sandbox_problem()
+    if problem:
+        raise RuntimeError(f"code_tests runs code only in the sandbox, which this machine cannot make: {problem}")
+    tests = json.loads(ground_truth) if ground_truth.lstrip().startswith("[") else [ground_truth]
+    code = code_block(response)
+    if code is None:
+        return _result(False, None)
+    program = "\n".join([str(extra.get("test_setup_code") or ""), code, *map(str, tests)])
+    run = functools.partial(asyncio.run, run_sandboxed(program, SandboxLimits(cpu_s=cpu_s, wall_s=wall_s)))
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # (the usual case: no event loop in this thread)
+        result = run()
+    else:  # called from inside an event loop: the program's loop runs in a thread of its own
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            result = pool.submit(run).result()
+    return _result(result.status == "ok", code.strip())

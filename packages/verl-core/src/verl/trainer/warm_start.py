@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from verl.config.placement import to_dict
 from verl.config.schema import VerlConfig
-from verl.embedded.arithmetic import resolve_data_files
+from verl.data.sources import is_prepared, resolve_data_files
 from verl.embedded.cache import cache_root, cached_dir, is_embedded, settings_hash
 from verl.embedded.models import resolve_model_path
 
@@ -130,5 +130,7 @@ def _file_identity(name: str) -> list:
     (path,) = resolve_data_files([name])
     if is_embedded(name):
         return [os.path.basename(path)]
+    if is_prepared(name):  # (its folder's name hashes its settings)
+        return [os.path.basename(os.path.dirname(path))]
     st = os.stat(path)
     return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
