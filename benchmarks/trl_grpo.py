@@ -1,4 +1,5 @@
-"""TRL's GRPOTrainer on the prepared tiny run; started by vs_trl.py in TRL's own virtualenv.
+"""TRL's GRPOTrainer on the prepared run (the tiny model's or the real one's); started by vs_trl.py in TRL's own
+virtualenv.
 
 Writes one JSON line per step (wall time at its end, its seconds, prompt + completion tokens) and saves the
 final model for vs_trl.py to evaluate."""
@@ -25,9 +26,12 @@ def main() -> None:
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--max-new", type=int, default=4)
     p.add_argument("--lr", type=float, default=5e-5)
+    p.add_argument("--reward", default="arith_reward", help="the module whose trl_reward scores completions")
     a = p.parse_args()
 
-    from arith_reward import trl_reward
+    import importlib
+
+    trl_reward = importlib.import_module(a.reward).trl_reward
     from datasets import load_dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
