@@ -83,10 +83,12 @@ def prepare(
     source: Optional[str] = None,
     split: str = "train",
     limit: Optional[int] = None,
+    quiet: bool = False,
     **kw: Any,
 ) -> str:
     """Write OUT/<split>.parquet from `source` (a file or Hub id; default the set's Hub id) or, for a generated
-    set, from `kw` (size, seed, task); returns the path. Records the converter skips are counted and said."""
+    set, from `kw` (size, seed, task); returns the path. Records the converter skips are counted and said (unless
+    `quiet`: the caller says where the file ends up)."""
     convert = DATA_SETS.get(name, key="verl data prepare")
     hub_id = DATA_SETS.attr(name, "hub_id")
     rows, skipped = [], 0
@@ -118,5 +120,6 @@ def prepare(
     pq.write_table(pa.Table.from_pylist(rows), tmp)
     os.replace(tmp, path)  # (a reader never sees half a file)
     note = f" ({skipped} records without a usable answer skipped)" if skipped else ""
-    print(f"verl data prepare {name}: {len(rows)} rows -> {path}{note}", flush=True)
+    if not quiet:
+        print(f"verl data prepare {name}: {len(rows)} rows -> {path}{note}", flush=True)
     return path

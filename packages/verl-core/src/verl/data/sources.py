@@ -73,9 +73,11 @@ def materialize_prepared(spec: str, cache_dir: str | os.PathLike | None = None) 
     path = prepared_file(spec, cache_dir)
 
     def write(folder: Path) -> None:
-        prepare(name, str(folder), source=source, split=split, limit=limit, **settings)
+        prepare(name, str(folder), source=source, split=split, limit=limit, quiet=True, **settings)
 
-    cached_dir(path.parent, write)
+    if not path.is_file():
+        cached_dir(path.parent, write)
+        print(f"data: {spec} prepared -> {path}", flush=True)
     return str(path)
 
 
