@@ -86,3 +86,25 @@ def test_greedy_answers_are_transformers_own(rollout, smollm2_dir, tokenizer, ch
     answers = [tokenizer.decode(r[: int(m.sum())]) for r, m in zip(out.batch["responses"], out.batch["response_mask"])]
     print("SmolLM2-135M greedy:", answers)
     assert "Paris" in answers[2]  # (a 135M model: it knows that one; "12 + 7 = 9" it gets wrong)
+
+
+def test_after_updates_and_syncs_vllm_samples_with_the_actors_weights(rollout, smollm2_dir, chat_prompts):
+    """The RL cycle on the real model (tied input and output embeddings): train, sync in place, generate; vLLM's
+    log-probs stay the actor's, not the untrained model's."""
+    actor = contract.make_actor(smollm2_dir)
+    untrained = contract.make_actor(smollm2_dir)
+    for update in range(2):
+        batch = rollout.generate(chat_prompts, n=2, temperature=1.0)
+        for _ in range(2):
+            actor.train_step(batch, contract.nll, micro_batch_size=8)
+        rollout.update_weights(actor.weights())
+        out = rollout.generate(chat_prompts, n=4, temperature=1.0)
+        b = out.batch
+        diff = contract.max_diff(
+            actor.infer(out, micro_batch_size=16).batch["log_probs"], b["rollout_log_probs"], b["response_mask"]
+        )
+        moved = contract.max_diff(
+            untrained.infer(out, micro_batch_size=16).batch["log_probs"], b["rollout_log_probs"], b["response_mask"]
+        )
+        print(f"SmolLM2-135M after sync {update + 1}: max |vllm - actor| {diff:.2e}, vs untrained {moved:.2e}")
+        assert diff < 1e-4 and moved > 1e-2, (diff, moved)

