@@ -84,3 +84,11 @@ def test_validate_checks_the_entry_and_the_file_once_it_is_there(cache):
     pd.DataFrame({"x": [1]}).to_parquet(path)  # (a cached file damaged by hand is checked like any other)
     (p,) = _problems([CHAIN])
     assert "lacks the column(s)" in p.message
+
+
+def test_a_warm_start_keys_a_prepared_file_by_its_settings_without_preparing_it(cache):
+    from verl.trainer.warm_start import _file_identity
+
+    identity = _file_identity(CHAIN)
+    assert identity == [prepared_file(CHAIN).parent.name] and not prepared_file(CHAIN).exists()
+    assert _file_identity(CHAIN.replace("seed=4", "seed=5")) != identity

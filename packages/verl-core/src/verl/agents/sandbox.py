@@ -13,6 +13,7 @@ kernel or a container refuses them, constructing the tool says so rather than ru
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import os
 import shutil
@@ -21,7 +22,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from verl.agents.tools import ToolTimeout, register_tool
 
@@ -79,7 +80,7 @@ def sandbox_problem() -> Optional[str]:
         if shutil.which(tool) is None:
             return f"{tool} (util-linux/coreutils) is not installed"
     try:
-        result = asyncio.run(run_sandboxed("print(6*7)", SandboxLimits(wall_s=20)))
+        result = run_sandboxed_blocking("print(6*7)", SandboxLimits(wall_s=20))
     except OSError as e:
         return f"starting the sandbox failed: {e}"
     if result.status != "ok" or result.stdout.strip() != "42":
@@ -155,6 +156,18 @@ async def run_sandboxed(
     stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
     status = "ok" if code_ == 0 else "timeout" if code_ == 128 + 24 else "error"  # SIGXCPU: the CPU limit
     return SandboxResult(stdout, stderr, code_, status, time.perf_counter() - start)
+
+
+def run_sandboxed_blocking(code: str, limits: Optional[SandboxLimits] = None, **kw: Any) -> SandboxResult:
+    """`run_sandboxed` from synchronous code (a reward function, a probe); from inside a running event loop its own
+    loop runs on a thread of its own."""
+    run = functools.partial(asyncio.run, run_sandboxed(code, limits, **kw))
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # (the usual case: no event loop in this thread)
+        return run()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(run).result()
 
 
 class SandboxError(RuntimeError):

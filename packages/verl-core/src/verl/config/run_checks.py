@@ -111,12 +111,12 @@ def _parquet(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from verl.data.sources import is_prepared, parse_prepared, prepared_file
+    from verl.registry import UnknownNameError
+
     if _embedded(path):
         return []
-    if isinstance(path, str) and path.startswith("prepare:"):
-        from verl.data.sources import parse_prepared, prepared_file
-        from verl.registry import UnknownNameError
-
+    if is_prepared(path):
         try:
             parse_prepared(path)
         except (UnknownNameError, ValueError) as e:

@@ -6,9 +6,6 @@ majority vote counts).
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import functools
 import json
 import re
 import threading
@@ -125,7 +122,7 @@ def code_tests_score(
     """Right when the response's code passes every test (`ground_truth`: a JSON list of Python statements, e.g.
     asserts, as `verl data prepare mbpp` writes; extra_info.test_setup_code runs first), run in the sandbox
     (verl.agents.sandbox: no network, none of the host's files, `cpu_s` CPU and `wall_s` wall seconds)."""
-    from verl.agents.sandbox import SandboxLimits, run_sandboxed, sandbox_problem
+    from verl.agents.sandbox import SandboxLimits, run_sandboxed_blocking, sandbox_problem
 
     problem = sandbox_problem()
     if problem:
@@ -135,12 +132,5 @@ def code_tests_score(
     if code is None:
         return _result(False, None)
     program = "\n".join([str(extra.get("test_setup_code") or ""), code, *map(str, tests)])
-    run = functools.partial(asyncio.run, run_sandboxed(program, SandboxLimits(cpu_s=cpu_s, wall_s=wall_s)))
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:  # (the usual case: no event loop in this thread)
-        result = run()
-    else:  # called from inside an event loop: the program's loop runs in a thread of its own
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            result = pool.submit(run).result()
+    result = run_sandboxed_blocking(program, SandboxLimits(cpu_s=cpu_s, wall_s=wall_s))
     return _result(result.status == "ok", code.strip())

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from verl.config.placement import to_dict
 from verl.config.schema import VerlConfig
-from verl.data.sources import is_prepared, resolve_data_files
+from verl.data.sources import is_prepared, prepared_file, resolve_data_files
 from verl.embedded.cache import cache_root, cached_dir, is_embedded, settings_hash
 from verl.embedded.models import resolve_model_path
 
@@ -127,10 +127,10 @@ def warm_start_config(cfg: VerlConfig, base: str, output_dir: str) -> DictConfig
 def _file_identity(name: str) -> list:
     """What identifies a data file's content: an embedded set's cached path (its settings are hashed into it), or a
     file's path, size and modification time."""
+    if is_prepared(name):  # (its cache folder's name hashes its settings: nothing to prepare to name it)
+        return [prepared_file(name).parent.name]
     (path,) = resolve_data_files([name])
     if is_embedded(name):
         return [os.path.basename(path)]
-    if is_prepared(name):  # (its folder's name hashes its settings)
-        return [os.path.basename(os.path.dirname(path))]
     st = os.stat(path)
     return [os.path.abspath(path), st.st_size, st.st_mtime_ns]
