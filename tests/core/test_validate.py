@@ -266,16 +266,27 @@ def test_vllm_on_cpu_is_refused_for_a_mixture_of_experts():
     assert not errors(check({"model": {"path": "embedded:tiny-qwen3-moe"}, "placement": {"device": "cpu"}}))
 
 
-def test_routing_replay_needs_a_megatron_mixture_of_experts_with_whole_sequences_per_rank():
-    moe, r2 = {"model": {"path": "embedded:tiny-qwen3-moe"}}, {"actor": {"routing_replay": "r2"}}
-    assert not errors(check(MEGATRON8, moe, r2, {"actor": {"parallel": {"ep": 2}}}))
-    p = only(check(MEGATRON8, {"model": {"path": "embedded:tiny-llama"}}, r2))
-    assert p.key == "actor.routing_replay" and "dense" in p.message
-    p = only(check({"placement": {"devices_per_node": 8}}, moe, r2))
-    assert p.key == "actor.routing_replay" and "megatron" in p.message
-    p = only(check(MEGATRON8, moe, r2, {"actor": {"parallel": {"tp": 2}}}))
-    assert p.key == "actor.routing_replay" and "tp=2" in p.message and "not built" in p.message
-    p = only(check(MEGATRON8, moe, {"actor": {"routing_replay": "r3"}}))
+def test_routing_replay_needs_a_megatron_mixture_of_experts_and_r3_a_rollout_that_records():
+    moe, r2, r3 = (
+        {"model": {"path": "embedded:tiny-qwen3-moe"}},
+        {"actor": {"routing_replay": "r2"}},
+        {"actor": {"routing_replay": "r3"}},
+    )
+    for mode in (r2, r3):  # any layout: tensor, context and pipeline splits put the routes together
+        assert not errors(check(MEGATRON8, moe, mode, {"actor": {"parallel": {"ep": 2}}}))
+        assert not errors(check(MEGATRON8, moe, mode, {"actor": {"parallel": {"tp": 2, "pp": 2, "cp": 2}}}))
+        p = only(check(MEGATRON8, {"model": {"path": "embedded:tiny-llama"}}, mode))
+        assert p.key == "actor.routing_replay" and "dense" in p.message
+        p = only(check({"placement": {"devices_per_node": 8}}, moe, mode))
+        assert p.key == "actor.routing_replay" and "megatron" in p.message
+    for other, fix in (
+        ({"rollout": {"backend": "sglang"}}, "rollout.backend=hf"),
+        ({"rollout": {"agent": {"loop": "tool_agent"}}}, "rollout.agent.loop=null"),
+        ({"trainer": {"mode": "async"}}, "trainer.mode=sync"),
+    ):
+        p = next(p for p in errors(check(MEGATRON8, moe, r3, other)) if p.key == "actor.routing_replay")
+        assert "r3" in p.message and fix in p.fix and "r2" in p.fix
+    p = only(check(MEGATRON8, moe, {"actor": {"routing_replay": "r4"}}))
     assert p.key == "actor.routing_replay"
 
 

@@ -14,7 +14,10 @@ from transformers import AutoConfig
 from tests.support.engines import gloo_world_one  # noqa: F401
 from tests.support.megatron_workers import (
     LOGPROB_ATOL,
+    check_recorded_routes,
+    grouped_batch,
     hf_model,
+    hf_routes,
     parity_batch,
     random_model_dir,
     response_log_probs,
@@ -44,7 +47,12 @@ def engine(gloo_world_one):  # noqa: F811
     def make(path: str, optim: bool = False, aux: float = 0.0, shared_prefix: bool = True):
         opt = OptimConfig(lr=1e-2, weight_decay=0.0, eps=1e-8) if optim else None
         cfg = EngineConfig(
-            model_path=path, optim=opt, total_steps=10, parallel=LAYOUT, moe_aux_loss_coeff=aux, shared_prefix=shared_prefix
+            model_path=path,
+            optim=opt,
+            total_steps=10,
+            parallel=LAYOUT,
+            moe_aux_loss_coeff=aux,
+            shared_prefix=shared_prefix,
         )
         made.append(MegatronEngine(cfg))
         return made[-1]
@@ -237,11 +245,11 @@ def test_tensor_parallel_moe_without_sequence_parallelism_is_refused_at_build():
 
 
 def test_the_hf_rollout_loads_the_streamed_experts_into_its_fused_parameters(engine, moe_dir, tmp_path):
+    from transformers import AutoConfig
+
     from verl.config.schema import RolloutConfig
     from verl.engine_protocol import RolloutSettings
     from verl_rollout.hf import HFRollout
-
-    from transformers import AutoConfig
 
     # Another random model of the same shapes: every value the rollout ends with came through the sync.
     other = random_model_dir(str(tmp_path / "other"), AutoConfig.from_pretrained(moe_dir).model_type, tie=False, seed=7)
@@ -254,44 +262,91 @@ def test_the_hf_rollout_loads_the_streamed_experts_into_its_fused_parameters(eng
     assert all(torch.equal(p, want[n]) for n, p in rollout.module.named_parameters())
 
 
-def _hf_routes(path: str, batch) -> torch.Tensor:
-    """HF's top-k experts of every token and routed layer, [B, S, layers, k] (experts sorted), for `batch`."""
-    b = batch.batch
-    with torch.no_grad():
-        out = hf_model(path)(
-            input_ids=b["input_ids"],
-            attention_mask=b["attention_mask"],
-            position_ids=b["position_ids"],
-            output_router_logits=True,
-        )
-    rows, seq = b["input_ids"].shape
-    k = AutoConfig.from_pretrained(path).num_experts_per_tok
-    layers = [logits.view(rows, seq, -1).topk(k, dim=-1).indices for logits in out.router_logits]
-    return torch.stack(layers, dim=2).sort(dim=-1).values
-
-
-def test_routing_replay_records_hf_routes_and_replaying_them_changes_nothing(engine, moe_dir):
-    """R2 at the engine: a log-prob pass returns the experts every token went to (HF's choice, at every real
-    position of every row); an update given those routes is the update without them, bit for bit, and one given
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_routing_replay_records_hf_routes_and_replaying_them_changes_nothing(engine, moe_dir, packed):
+    """R2 at the engine, in padded rows and in shared-prefix packs: a log-prob pass returns the experts every token
+    went to (HF's choice); an update given those routes is the update without them, bit for bit, and one given
     other routes is another update."""
-    batch = parity_batch(37)
-    eng = engine(moe_dir, optim=True)
+    batch = grouped_batch()
+    eng = engine(moe_dir, optim=True, shared_prefix=packed)
     out = eng.infer(batch, micro_batch_size=2, routes=True)
     routes = out.batch["routed_experts"]
-    real = batch.batch["attention_mask"].bool()
-    assert routes.dtype == torch.int16 and routes.shape[:2] == real.shape
-    assert torch.equal(routes.sort(dim=-1).values.long()[real], _hf_routes(moe_dir, batch)[real])
-    plain = engine(moe_dir, optim=True, shared_prefix=False)  # (replay runs padded rows: compare like with like)
-    replayed = engine(moe_dir, optim=True, shared_prefix=False)
-    shifted = engine(moe_dir, optim=True, shared_prefix=False)
+    check_recorded_routes(routes, moe_dir, batch, "packed" if packed else "padded")
+    plain = engine(moe_dir, optim=True, shared_prefix=packed)
+    replayed = engine(moe_dir, optim=True, shared_prefix=packed)
+    shifted = engine(moe_dir, optim=True, shared_prefix=packed)
     with_routes = batch.union(DataProto.from_dict({"routed_experts": routes}))
     e = AutoConfig.from_pretrained(moe_dir).num_experts
-    other = batch.union(DataProto.from_dict({"routed_experts": (routes + 1) % e}))
+    other = batch.union(DataProto.from_dict({"routed_experts": torch.where(routes >= 0, (routes + 1) % e, routes)}))
     a = plain.train_step(batch, _nll, micro_batch_size=2)
     b = replayed.train_step(with_routes, _nll, micro_batch_size=2)
     c = shifted.train_step(other, _nll, micro_batch_size=2)
     assert (a["nll"], a["grad_norm"]) == (b["nll"], b["grad_norm"])
+    assert b["moe/routing_agreement"] == 1.0 and c["moe/routing_agreement"] < 0.9  # (the router's own choice)
+    assert "moe/routing_agreement" not in a
     assert all(torch.equal(x, y) for (_, x), (_, y) in zip(plain.weights(), replayed.weights()))
     assert abs(c["nll"] - a["nll"]) > 1e-5  # other experts, another loss (measured 4.7e-4; equal routes: bitwise)
     after = plain.train_step(batch, _nll, micro_batch_size=2)  # replay is off again after a replayed step
     assert after["nll"] == replayed.train_step(batch, _nll, micro_batch_size=2)["nll"]
+
+
+def _near_ties(path: str, out: str) -> str:
+    """`path`'s model with every router's rows nearly one row (that row plus 1e-6 of its scale in noise): a token's
+    experts are then decided by differences near float32 rounding, where two ways of computing the same forward
+    (the rollout's cached decoding, the trainer's whole sequences) choose differently."""
+    model = hf_model(path)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.copy_(p[:1].expand_as(p) + 1e-6 * p.abs().mean() * torch.randn(p.shape, generator=g))
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize("ties", [False, True], ids=["routers", "near_ties"])
+def test_r3_the_trainer_replays_the_routes_the_rollout_took(engine, moe_dir, tmp_path, ties):
+    """R3: the hf rollout returns the experts every token went to while it generated (with a shared prefill of n
+    samples; HF's own top-k at every position it computed, -1 at the last token, never fed back), and the megatron
+    actor routed to them gives the rollout's log-probs. Where routers nearly tie, the two compute paths route some
+    tokens apart: without replay the log-probs part, with it they agree, and the routing agreement says how often."""
+    from verl.config.schema import RolloutConfig
+    from verl.engine_protocol import RolloutSettings
+    from verl_rollout.hf import HFRollout
+
+    path = _near_ties(moe_dir, str(tmp_path / "ties")) if ties else moe_dir
+    rollout = HFRollout(
+        RolloutConfig(), model_path=path, settings=RolloutSettings(max_new_tokens=5, eos_ids=(), pad_id=0, routes=True)
+    )
+    b, p = parity_batch(37).batch, 6
+    prompts = DataProto.from_dict({k: b[k][:, :p] for k in ("input_ids", "attention_mask", "position_ids")})
+    torch.manual_seed(0)
+    batch = rollout.generate(prompts, n=2, temperature=1.0)
+    routes = batch.batch["routed_experts"]
+    assert routes.shape[:2] == batch.batch["input_ids"].shape and routes.dtype == torch.int16
+    assert bool((routes[:, : p + 4] >= 0).all()) and bool((routes[:, p + 4 :] == -1).all())
+    real = batch.batch["attention_mask"].bool()
+    real[:, p + 4 :] = False
+    if not ties:  # (near ties, HF's whole-sequence forward may choose otherwise: that is the point of R3)
+        assert torch.equal(routes.sort(dim=-1).values.long()[real], hf_routes(path, batch)[real])
+
+    actor = engine(path, optim=True)
+    mask = batch.batch["response_mask"].bool()
+
+    def gap(out: DataProto) -> float:
+        return float((out.batch["log_probs"] - batch.batch["rollout_log_probs"]).abs()[mask].max())
+
+    native, replayed = (
+        gap(actor.infer(batch, micro_batch_size=4)),
+        gap(actor.infer(batch, micro_batch_size=4, replay=True)),
+    )
+    agreement = actor.train_step(batch, _nll, micro_batch_size=4)["moe/routing_agreement"]  # (column: replayed)
+    print(
+        f"ties={ties}: |trainer - rollout| log-prob {native:.2e} routed natively, {replayed:.2e} replayed; "
+        f"routing agreement {agreement:.4f}"
+    )
+    assert replayed <= 1e-6
+    if ties:
+        assert native > 1e-4 and agreement < 0.99  # (measured 6.6e-4 to 5.3e-3 apart, agreement 0.81-0.87)
+    else:
+        assert agreement == 1.0

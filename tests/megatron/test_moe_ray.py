@@ -16,12 +16,15 @@ from safetensors.torch import load_file
 from tests.support.megatron_workers import (
     EngineWorker,
     check_log_probs,
+    check_recorded_routes,
+    grouped_batch,
     hf_grad_norm,
     parity_batch,
     random_model_dir,
 )
 from verl.config.schema import OptimConfig
 from verl.controller import ResourcePool, make_worker_group
+from verl.protocol import DataProto
 
 pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
 
@@ -91,3 +94,38 @@ def test_tp2_etp1_ep2_pp2_over_four_workers_matches_hf_and_round_trips(ray_two_c
     finally:
         group.shutdown()
         pool.remove()
+
+
+@pytest.mark.parametrize(
+    "parallel, load, layout",
+    [
+        ({"tp": 2}, {}, "packed"),  # sequence parallel: each rank routes half of every pack
+        ({"cp": 2}, {}, "packed"),  # each rank routes two chunks of every sequence
+        ({"pp": 2}, {"gradient_checkpointing": True}, "packed"),  # routers on both stages; recompute in backward
+        ({"pp": 2, "vpp": 2}, {"shared_prefix": False}, "padded"),  # interleaved stages, rotated padded rows
+        ({"tp": 2, "etp": 1, "ep": 2}, {"thd": True}, "thd"),  # one stream of real tokens, split by SP
+    ],
+    ids=["tp2_sp", "cp2", "pp2_recompute", "pp2_vpp2_padded", "tp2_etp1_ep2_thd"],
+)
+def test_routing_replay_where_ranks_hold_parts_of_sequences_or_layers(workers, model, parallel, load, layout):
+    """R2 when no rank holds a whole sequence or every layer: the recorded column, put together on every rank, is
+    HF's choice at every position the layout computes, and an update replaying it is the plain update bit for bit
+    (tensor, context, pipeline and interleaved stages, recompute, padded rows, packs and THD); other experts give
+    another."""
+    batch = grouped_batch()
+    with workers(parallel) as group:
+        group.call("load", "policy", model, OptimConfig(lr=1e-3), **load)
+        recorded = group.call("infer", "policy", batch, routes=True)
+        for out in recorded:
+            check_recorded_routes(out["routed_experts"], model, batch, layout)
+        routes = recorded[0]["routed_experts"]
+        assert all(torch.equal(out["routed_experts"], routes) for out in recorded)
+        plain = group.call("train", "policy", batch)
+        group.call("load", "policy", model, OptimConfig(lr=1e-3), **load)
+        replayed = group.call("train", "policy", batch.union(DataProto.from_dict({"routed_experts": routes})))
+        assert [(m["nll"], m["grad_norm"]) for m in replayed] == [(m["nll"], m["grad_norm"]) for m in plain]
+        assert all(m["moe/routes_replayed"] == 1.0 and m["moe/routing_agreement"] == 1.0 for m in replayed)
+        group.call("load", "policy", model, OptimConfig(lr=1e-3), **load)
+        other = torch.where(routes >= 0, (routes + 1) % 4, routes)
+        shifted = group.call("train", "policy", batch.union(DataProto.from_dict({"routed_experts": other})))
+        assert abs(shifted[0]["nll"] - plain[0]["nll"]) > 1e-5

@@ -1,5 +1,5 @@
 """One actor update of the megatron engine through the project's worker (ActorRolloutRefWorker on Ray, gloo):
-TP=2 (with and without sequence parallelism), PP=2, CP=2 and DP=2 (distributed optimizer) each take the same
+TP=2 (with and without sequence parallelism), PP=2 (plain and interleaved), CP=2 and DP=2 (distributed optimizer) each take the same
 step as TP=1 on one worker; a mixture of experts at EP=2 takes the step it takes at EP=1.
 
 Same batch, same starting weights: the loss and grad norm agree to float32 rounding and every updated weight
@@ -82,6 +82,8 @@ def reference(ray_two_cpus, model_path, tmp_path_factory):
         ("tp2", ("actor.parallel.tp=2", "actor.parallel.sequence_parallel=false"), 1),
         ("tp2-sp", ("actor.parallel.tp=2",), 1),  # sequence parallelism is on by default with tp > 1
         ("pp2", ("actor.parallel.pp=2",), 1),
+        # interleaved: two chunks a stage; two stages exchange activations and gradients with one peer
+        ("pp2-vpp2", ("actor.parallel.pp=2", "actor.parallel.vpp=2"), 1),
         ("cp2", ("actor.parallel.cp=2",), 1),  # context parallelism: each rank holds half of every sequence
         ("dp2", (), 2),  # two data-parallel ranks: megatron DDP + the distributed optimizer
     ],

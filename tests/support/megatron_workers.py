@@ -13,11 +13,14 @@ from verl.engine_protocol import EngineConfig
 from verl.protocol import DataProto
 from verl.workers.setup import quiet_libraries, set_threads
 
-
 # Mixtures of experts: 4 experts, top 2 (qwen3_moe: one dense layer among the routed ones, as mlp_only_layers).
 MOE_SETTINGS: Dict[str, Dict[str, Any]] = {
     "qwen3_moe": dict(
-        head_dim=6, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8, norm_topk_prob=True,
+        head_dim=6,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=8,
+        norm_topk_prob=True,
         mlp_only_layers=[1],
     ),
     "mixtral": dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=None),
@@ -128,6 +131,58 @@ def check_log_probs(results: list, path: str, batch: DataProto, atol: float = LO
     return worst
 
 
+def hf_routes(path: str, batch) -> torch.Tensor:
+    """HF's top-k experts of every token and routed layer, [B, S, layers, k] (experts sorted), for `batch`."""
+    b = batch.batch
+    with torch.no_grad():
+        out = hf_model(path)(
+            input_ids=b["input_ids"],
+            attention_mask=b["attention_mask"],
+            position_ids=b["position_ids"],
+            output_router_logits=True,
+        )
+    rows, seq = b["input_ids"].shape
+    from transformers import AutoConfig
+
+    k = AutoConfig.from_pretrained(path).num_experts_per_tok
+    layers = [logits.view(rows, seq, -1).topk(k, dim=-1).indices for logits in out.router_logits]
+    return torch.stack(layers, dim=2).sort(dim=-1).values
+
+
+def grouped_batch() -> DataProto:
+    """parity_batch's rows as two prompts of two samples each (a GRPO batch): shared-prefix packing computes each
+    prompt once for both its samples."""
+    b = parity_batch(37).batch
+    ids, mask = b["input_ids"].clone(), b["attention_mask"].clone()
+    p = ids.shape[1] - b["responses"].shape[1]
+    ids[1, :p], mask[1, :p] = ids[0, :p], mask[0, :p]
+    ids[3, :p], mask[3, :p] = ids[2, :p], mask[2, :p]
+    return DataProto.from_dict(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+            "responses": b["responses"],
+            "response_mask": b["response_mask"],
+        }
+    )
+
+
+def check_recorded_routes(routes: torch.Tensor, path: str, batch: DataProto, layout: str) -> None:
+    """`routes` are HF's top-k at every real position the pass computed; -1 where it computed nothing: `padded`
+    rows compute every position (padding too), `thd` streams every real one, shared-prefix `packed` rows no padding
+    and not a row's last real token (it predicts nothing)."""
+    real = batch.batch["attention_mask"].bool()
+    computed = torch.ones_like(real) if layout == "padded" else real.clone()
+    if layout == "packed":
+        computed[torch.arange(len(real)), real.long().cumsum(1).argmax(1)] = False
+    assert routes.dtype == torch.int16 and routes.shape[:2] == real.shape
+    assert torch.equal(routes[..., 0, 0] >= 0, computed)
+    assert bool((routes[~computed] == -1).all())
+    both = computed & real
+    assert torch.equal(routes.sort(dim=-1).values.long()[both], hf_routes(path, batch)[both])
+
+
 def _parallel(parallel: Dict[str, Any]) -> types.SimpleNamespace:
     defaults = {"tp": 1, "pp": 1, "vpp": None, "cp": 1, "ep": 1, "etp": None, "dp": None}
     return types.SimpleNamespace(**{**defaults, **parallel})
@@ -160,6 +215,7 @@ class EngineWorker(Worker):
         dtype: str = "float32",
         shared_prefix: bool = True,
         thd: Optional[bool] = None,
+        gradient_checkpointing: bool = False,
     ) -> tuple:
         """thd: force the packed THD layout on or off (the engine takes it with TransformerEngine)."""
         quiet_libraries()
@@ -177,6 +233,7 @@ class EngineWorker(Worker):
             dtype=dtype,
             parallel=self.parallel,
             shared_prefix=shared_prefix,
+            gradient_checkpointing=gradient_checkpointing,
         )
         self.engines[name] = load_engine("megatron", "train")(cfg)
         if thd is not None:
@@ -199,9 +256,15 @@ class EngineWorker(Worker):
 
     @register(Dispatch.ONE_TO_ALL)
     def infer(
-        self, name: str, batch: DataProto, micro_batch_size: int = 2, max_tokens: Optional[int] = None
+        self,
+        name: str,
+        batch: DataProto,
+        micro_batch_size: int = 2,
+        max_tokens: Optional[int] = None,
+        routes: bool = False,
     ) -> Dict[str, torch.Tensor]:
-        out = self.engines[name].infer(batch, micro_batch_size=micro_batch_size, entropy=True, max_tokens=max_tokens)
+        engine = self.engines[name]
+        out = engine.infer(batch, micro_batch_size=micro_batch_size, entropy=True, max_tokens=max_tokens, routes=routes)
         return {k: v.cpu() for k, v in out.batch.items()}
 
     @register(Dispatch.ONE_TO_ALL)

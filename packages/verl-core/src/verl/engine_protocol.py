@@ -83,6 +83,11 @@ def eos_and_pad(tokenizer: Any) -> Tuple[List[int], int]:
     return eos_ids, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
 
 
+# A mixture of experts' routes, [B, S, routed layers, k] int16 in the batch layout (-1: not computed), recorded by one
+# pass and replayed by later ones (actor.routing_replay).
+ROUTED_EXPERTS = "routed_experts"
+
+
 @dataclass(frozen=True)
 class RolloutSettings:
     """What a rollout engine is built from besides its config section (`rollout`): the run's lengths, its token ids,
@@ -96,6 +101,7 @@ class RolloutSettings:
     dtype: str = "bfloat16"  # what a serving engine computes in on GPU (the CPU ones compute in float32)
     seed: int = 1
     lora_rank: int = 0  # the rank of the adapters it will be sent (rollout.lora_sync: adapter); 0: full weights
+    routes: bool = False  # also return the experts each token went to (ROUTED_EXPERTS; actor.routing_replay=r3)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "eos_ids", tuple(int(i) for i in self.eos_ids))

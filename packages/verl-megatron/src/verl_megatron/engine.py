@@ -22,12 +22,12 @@ from verl.protocol import DataProto
 from verl.utils.offload import Away, empty_device_cache, optimizer_state_tensors
 from verl.utils.shared_prefix import attention_weight_of, pack_shared_prefixes, take_positions
 from verl_megatron import cpu_compat, moe_metrics, torch_adam_fix
-from verl_megatron.context_parallel import chunk_positions, local_index, sum_over_group
+from verl_megatron.context_parallel import sum_over_group
 from verl_megatron.convert import PipelineSplit, SafetensorsFolder, dims_of, plan
 from verl_megatron.parallel import init_model_parallel, sequence_parallel
 from verl_megatron.routing_replay import ROUTES, Replay
 from verl_megatron.sequences import Rows, hf_positions, packed_rows, pad_rows, padded_rows, rows_kind, thd_rows
-from verl_megatron.sequences import zero_past
+from verl_megatron.sequences import rank_inputs, zero_past
 from verl_megatron.weights import SyncStats, generation_groups, hf_shapes, load_hf, stream_hf, unwrap
 
 logger = logging.getLogger(__name__)
@@ -140,7 +140,8 @@ class MegatronEngine:
 
     # ---- setup -----------------------------------------------------------------------------------------
     def _wrap_ddp(self, chunks: List[torch.nn.Module]) -> List[torch.nn.Module]:
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.distributed import finalize_model_grads
 
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True
@@ -283,11 +284,11 @@ class MegatronEngine:
                 return packed_rows(prefix_pack, b["responses"])
         return padded_rows(b["input_ids"], b["attention_mask"], b["responses"], self.seq_multiple)
 
-    def _layouts(self, micro: List[DataProto], pack: bool = True) -> List[Rows]:
+    def _layouts(self, micro: List[DataProto]) -> List[Rows]:
         """Each micro-batch's rows, shaped as the schedule needs: with pipeline stages every micro-batch has one
         shape (all grown to the largest; padded rows for all when any does not pack), and lengths are multiples of
         what sequence and context parallelism split."""
-        rows = [self._rows(mb, pack) for mb in micro]
+        rows = [self._rows(mb) for mb in micro]
         self._tokens[0] += sum(int(mb.batch["attention_mask"].sum()) for mb in micro)
         self._tokens[1] += sum(mb.batch["input_ids"].numel() for mb in micro)
         if self.layout.pp > 1 and len({rows_kind(r) for r in rows}) > 1:  # one kind for the schedule: padded
@@ -303,35 +304,6 @@ class MegatronEngine:
             rows = [r if r.mask is None else pad_rows(r, r.input_ids.shape[0], fit(r.input_ids.shape[1])) for r in rows]
         self._tokens[2] += sum(r.input_ids.numel() for r in rows)
         return rows
-
-    def _inputs(self, rows: Rows) -> Dict[str, Any]:
-        """The model inputs of one micro-batch on this rank (its context-parallel part of each sequence)."""
-        out = {
-            "input_ids": rows.input_ids,
-            "position_ids": rows.position_ids,
-            "attention_mask": rows.mask,
-            "hidden_row": rows.hidden_row,
-            "predict_index": rows.predict_index,
-            "valid": rows.valid,
-            "labels": rows.labels,
-        }
-        if self.layout.cp > 1:
-            seq, cp, rank = rows.input_ids.shape[1], self.layout.cp, self.layout.cp_rank
-            mine = chunk_positions(seq, cp, rank)
-            out.update(input_ids=rows.input_ids[:, mine], position_ids=rows.position_ids[:, mine])
-            if rows.mask is not None:  # this rank's queries over the keys as the group gathers them (rank order)
-                keys = torch.cat([chunk_positions(seq, cp, r) for r in range(cp)])
-                out["attention_mask"] = rows.mask[:, :, mine][:, :, :, keys]
-            out["local_index"] = local_index(rows.predict_index, seq, cp, rank)
-        if rows.cu_seqlens is not None:
-            from megatron.core.packed_seq_params import PackedSeqParams
-
-            cu = rows.cu_seqlens.to(self.device)
-            longest = int((rows.cu_seqlens[1:] - rows.cu_seqlens[:-1]).max())
-            out["packed_seq_params"] = PackedSeqParams(
-                qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest, max_seqlen_kv=longest
-            )
-        return {k: (v.to(self.device) if isinstance(v, torch.Tensor) else v) for k, v in out.items()}
 
     def _run(
         self,
@@ -349,19 +321,27 @@ class MegatronEngine:
         micro-batch routed to its `routed_experts` column, or their routes recorded (`Replay.record()`)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        packed = [self._inputs(rows) for rows in self._layouts(micro, pack=replay is None)]
+        layouts = self._layouts(micro)
+        packed = [rank_inputs(rows, self.layout, self.device) for rows in layouts]
         n = len(micro)
+        if replay is not None:
+            if replay.recording:
+                replay.begin(layouts)
+            else:
+                replay.begin(layouts, [mb.batch[ROUTES] for mb in micro], [mb.batch["attention_mask"] for mb in micro])
 
         def forward_step(data_iterator, model):
             i, mb = next(data_iterator)
-            if replay is not None and not replay.recording:
-                replay.replay(micro[i].batch[ROUTES], micro[i].batch["attention_mask"], self.device)
+            if replay is not None:
+                replay.before(model, i)
             out = model(
                 mb["input_ids"],
                 mb["position_ids"],
                 mb["attention_mask"],
                 packed_seq_params=mb.get("packed_seq_params"),
             )
+            if replay is not None:
+                replay.after(model, i)
 
             def loss_func(hidden: torch.Tensor):
                 grad = entropy_grad and not forward_only
@@ -410,19 +390,21 @@ class MegatronEngine:
         entropy: bool = False,
         max_tokens: Optional[int] = None,
         routes: bool = False,
+        replay: bool = False,
     ) -> DataProto:
         """verl.engine_protocol.TrainEngine.infer; `max_tokens` cuts micro-batches by tokens instead of rows;
-        `routes`: a mixture of experts also returns the experts every token went to (`routing_replay`)."""
+        `routes`: a mixture of experts also returns the experts every token went to; `replay`: it routes every
+        token to the batch's `routed_experts` instead (`routing_replay`)."""
         self._resident()
         for c in self.chunks:
             c.eval()
         outs: List[Dict[str, torch.Tensor]] = []
-        record = self._replay().record() if routes else None
+        if routes and replay:
+            raise ValueError("a pass records its routes or replays given ones, not both")
+        record = self._replay().record() if routes else self._replay() if replay else None
 
         def keep(outputs: Dict[str, torch.Tensor], mb: DataProto, i: int) -> None:
             outs.append({k: v.detach().cpu() for k, v in outputs.items()})
-            if record is not None:  # (padded rows: whole rows, so the routes of every position)
-                outs[-1][ROUTES] = record.recorded(mb.batch["attention_mask"])
             return None
 
         with torch.no_grad():
@@ -434,8 +416,10 @@ class MegatronEngine:
                 on_outputs=keep,
                 replay=record,
             )
-        merged = {k: torch.cat([o[k] for o in outs]) for k in outs[0]} if outs else None
-        return DataProto.from_dict(self._from_last_stage(merged))
+        merged = self._from_last_stage({k: torch.cat([o[k] for o in outs]) for k in outs[0]} if outs else None)
+        if routes:  # (every stage and tensor/context rank recorded a part: put together on all)
+            merged[ROUTES] = torch.cat(record.collected(self.device))
+        return DataProto.from_dict(merged)
 
     # ---- training --------------------------------------------------------------------------------------
     def train_step(
@@ -461,18 +445,23 @@ class MegatronEngine:
         self._tokens = [0, 0, 0]
         micro = self._micro_batches(batch, micro_batch_size, max_tokens)
         replay = self._replay() if ROUTES in batch.batch.keys() else None
-        self._run(micro, forward_only=False, on_outputs=lambda outputs, mb, i: acc(outputs, mb), replay=replay, **forward)
+        self._run(
+            micro, forward_only=False, on_outputs=lambda outputs, mb, i: acc(outputs, mb), replay=replay, **forward
+        )
         with self.optim_away.back():  # (optimizer_offload: in host memory except while it steps, saves or loads)
             step = parts.optimizer_step(
                 self.state, self.optimizer, self.cfg, grad_norm=self._grad_norm, update=self._update
             )
         layout = parts.layout_metrics(len(micro), *self._tokens)
         moe = self.router_load.take(self.device, len(micro), replay is not None) if self.router_load is not None else {}
+        if replay is not None:  # (how many given experts the router would have chosen itself)
+            moe.update(replay.agreement(self.device))
         return {**self._from_last_stage(acc.totals), **step, **layout, **moe}
 
     def _replay(self) -> Replay:
         """Routing replay over this engine's routers (built on first use; refused for a dense model)."""
-        self._routes = self._routes or Replay(self.chunks, self.layout)
+        recompute = self.config.recompute_granularity == "full"
+        self._routes = self._routes or Replay(self.chunks, self.layout, recompute=recompute)
         return self._routes
 
     def _grad_norm(self) -> float:

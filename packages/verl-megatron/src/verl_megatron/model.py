@@ -166,8 +166,15 @@ def transformer_config(
         persist_layer_norm=False,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
-        # Pipeline stages exchange shapes per micro-batch, so a last, smaller micro-batch is fine.
-        variable_seq_lengths=layout.pp > 1,
+        # Pipeline stages exchange shapes per micro-batch, so a last, smaller micro-batch is fine. Not under the
+        # interleaved schedule: with two stages its shape exchanges pair up wrongly (the ranks hang, one exchanging
+        # shapes, the other tensors), and the engine gives every micro-batch one shape under pipeline stages anyway.
+        variable_seq_lengths=layout.pp > 1 and not layout.vpp,
+        # Two interleaved stages are each other's previous and next: a batched exchange then posts the activation
+        # and the gradient for the same peer in an order the peer does not receive them in, and the two (same
+        # shape) swap, silently (measured on gloo: grad norm 134 instead of 1.56). One op at a time, in megatron's
+        # even/odd order, matches them.
+        batch_p2p_comm=not (layout.vpp and layout.pp == 2),
         # (megatron refuses variable lengths with the default MoE dispatcher, even for dense models)
         moe_token_dispatcher_type="alltoall",
     )

@@ -3,93 +3,257 @@ of a pass, returned as a batch column, and forced on a later pass over the same 
 
 RL needs it because the router is a discrete choice: the old-log-prob pass and the update (or the rollout and the
 trainer) can route the same token to different experts (numerics, or weights moved by an earlier mini-batch), and
-then the importance ratio compares two different networks. Replaying the recorded routes (R2: the old-log-prob pass
-records, the update replays) keeps the network the ratio is taken over fixed; the router's weights still learn, as
-the replayed experts' probabilities are recomputed from its logits (megatron's RouterReplay: `gather` of the scores
-at the given indices).
+then the importance ratio compares two different networks. Replaying recorded routes keeps the network the ratio is
+taken over fixed (R2: the old-log-prob pass records, the update replays; R3: the rollout records, every actor pass
+replays); the router's weights still learn, as the replayed experts' probabilities are recomputed from its logits
+(megatron's RouterReplay: `gather` of the scores at the given indices).
 
-The column is `routed_experts` [B, S, layers, k] (int16): for every position of a row (prompt and response, in the
-batch layout, padding included), the k experts of each routed layer in layer order. Routes are taken in the padded
-layout (rows rotated so real tokens start at 0: `sequences.rotation`, a permutation of each row's positions), so
-a row's routes do not depend on which micro-batch or pack it ran in. Recording and replay run this rank's whole
-sequences: tensor parallelism (with its sequence parallelism), context parallelism and pipeline stages split them
-and are refused here; expert and data parallelism are not.
+The column is `routed_experts` [B, S, layers, k] (int16): for every position of a row in the batch layout, the k
+experts of each routed layer in layer order. Routes are keyed by batch position, not by how a pass lays tokens out,
+so any layout reads and writes them: each micro-batch's `Rows.source` says where a batch position is computed
+(padded rows rotated, shared-prefix packs computing a prompt once for its group, THD streams); context parallelism
+gives a rank its chunks of every sequence, sequence parallelism (tensor parallelism) a contiguous slice of those,
+pipeline stages their layers. Recorded pieces are put together over the tensor, context and pipeline groups, so
+every rank returns the whole column. A position the pass did not compute (a pack's padding; a packed row's last
+token, which predicts nothing) records -1; replaying -1 routes to experts 0..k-1, harmlessly, as nothing reads what
+such a position outputs. Padded rows compute their padding too, and record and replay its routes: a replayed update
+is then the recorded pass's own, bit for bit.
+
+`agreement()` reads, for the replayed passes, how many of the given experts the router would have chosen itself:
+under R3 the routing agreement between rollout and trainer.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
+import torch.distributed as dist
 
-from verl_megatron.sequences import rotation
+from verl.engine_protocol import ROUTED_EXPERTS
+from verl_megatron.context_parallel import chunk_positions
+from verl_megatron.sequences import Rows
 
-ROUTES = "routed_experts"
+ROUTES = ROUTED_EXPERTS
 
 
 class Replay:
-    """The routers of one model's chunks, in layer order, recorded from and replayed into as batch columns."""
+    """The routers of one rank's model chunks, each at its place among the whole model's routed layers; recording
+    from and replaying into batch columns over any layout (see the module docstring)."""
 
-    def __init__(self, chunks: Sequence[torch.nn.Module], layout) -> None:
+    def __init__(self, chunks: Sequence[torch.nn.Module], layout, recompute: bool = False) -> None:
         from megatron.core.transformer.moe.router import TopKRouter
 
-        if layout.tp > 1 or layout.cp > 1 or layout.pp > 1:
-            raise ValueError(
-                f"routing replay with tp={layout.tp}, cp={layout.cp}, pp={layout.pp} is not built (a rank must hold "
-                "whole sequences and every layer): use tp=cp=pp=1 with ep/dp for the experts"
-            )
-        routers = [m for chunk in chunks for m in chunk.modules() if isinstance(m, TopKRouter)]
-        routers.sort(key=lambda r: r.layer_number)
-        if not routers or any(r.router_replay is None for r in routers):
+        per_chunk = [[m for m in chunk.modules() if isinstance(m, TopKRouter)] for chunk in chunks]
+        routers = [r for rs in per_chunk for r in rs]
+        if any(r.router_replay is None for r in routers):
             raise ValueError("routing replay needs a mixture of experts built with moe_enable_routing_replay")
-        self.replays = [r.router_replay for r in routers]
-        self.topk = routers[0].topk
-        self.recording = False
+        every = sorted(_over_stages([(int(r.layer_number), int(r.topk)) for r in routers], layout))
+        if not every:
+            raise ValueError("routing replay replays a mixture of experts' routes, and this model has no router")
+        place = {n: i for i, (n, _) in enumerate(every)}
+        self.layers, self.topk, self.layout = len(every), every[0][1], layout
+        # id(chunk) -> [(its place among routed layers, megatron's RouterReplay)]
+        self.chunks: Dict[int, List[Tuple[int, Any]]] = {
+            id(chunk): [(place[int(r.layer_number)], r.router_replay) for r in rs]
+            for chunk, rs in zip(chunks, per_chunk)
+        }
+        for _, replay in (x for xs in self.chunks.values() for x in xs):
+            _follow_recompute(replay, recompute)
+        for router in routers:
+            router.register_forward_hook(self._agreement)
+        self.recompute, self.recording = recompute, False
+        self._current = 0  # the micro-batch the routers are running
+        self._agree = torch.zeros(2, dtype=torch.float64)  # replayed passes: sum of agreement, tokens counted
+        self._counted: List[
+            torch.Tensor
+        ] = []  # replaying: per micro-batch [G*L] 1.0 where a real token was given routes
+        self._local: List[torch.Tensor] = []  # per micro-batch: flat index into its Rows of each token this rank routes
+        self._source: List[torch.Tensor] = []  # per micro-batch: Rows.source
+        self._pieces: List[torch.Tensor] = []  # recording: per micro-batch [G*L, layers, k], -1 where not this rank's
+        self._targets: List[torch.Tensor] = []  # replaying: per micro-batch [G*L, layers, k] routes of every token
 
+    # ---- a pass ----------------------------------------------------------------------------------------------
     def record(self) -> "Replay":
-        """The next forwards record their routes (read each with `recorded`) until `off()`."""
-        from megatron.core.transformer.moe.router_replay import RouterReplayAction
-
+        """The next pass records its routes (read them with `collected`)."""
         self.recording = True
-        for r in self.replays:
-            r.clear_indices()
-            r.set_router_replay_action(RouterReplayAction.RECORD)
         return self
 
-    def recorded(self, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The routes of the last forward, over padded rows of this micro-batch: [B, S, layers, k] in the batch
-        layout (`attention_mask` [B, S] is the micro-batch's)."""
-        b, s = attention_mask.shape
-        # megatron's tokens are sequence-major ([s, b] flattened); the padded rows are rotated by `rotation`
-        per_layer = [r.get_recorded_indices().view(s, b, self.topk).transpose(0, 1) for r in self.replays]
-        rotated = torch.stack(per_layer, dim=2).to(device="cpu", dtype=torch.int16)  # [B, S, layers, k]
-        routes = torch.empty_like(rotated)
-        idx = rotation(attention_mask.cpu())
-        routes.scatter_(1, idx[:, :, None, None].expand_as(rotated), rotated)
-        return routes
+    def begin(
+        self,
+        layouts: Sequence[Rows],
+        routes: Optional[Sequence[torch.Tensor]] = None,
+        masks: Optional[Sequence[torch.Tensor]] = None,
+    ) -> None:
+        """A pass over micro-batches laid out as `layouts`; replaying: each micro-batch's column (`routes`) and
+        attention mask (`masks`: routing agreement counts real tokens)."""
+        self._local = [self._tokens_here(rows) for rows in layouts]
+        self._source = [_source(rows) for rows in layouts]
+        if self.recording:
+            self._pieces = [
+                torch.full((rows.input_ids.numel(), self.layers, self.topk), -1, dtype=torch.long) for rows in layouts
+            ]
+            return
+        if routes is None or len(routes) != len(layouts):
+            raise ValueError(f"replay needs the {ROUTES} column of every micro-batch")
+        self._targets = [self._packed_targets(r, src, rows) for r, src, rows in zip(routes, self._source, layouts)]
+        masks = masks if masks is not None else [torch.ones(src.shape) for src in self._source]
+        self._counted = []
+        for r, m, src, rows in zip(routes, masks, self._source, layouts):
+            first = _first_positions(src, rows.input_ids.numel())
+            real = ((r >= 0).all(-1).all(-1) & m.bool().cpu()).flatten().double()
+            self._counted.append(torch.where(first >= 0, real[first.clamp(min=0)], 0.0))
 
-    def replay(self, routes: torch.Tensor, attention_mask: torch.Tensor, device: torch.device) -> None:
-        """The next forward routes every token of this micro-batch ([B, S] mask) to `routes` [B, S, layers, k]."""
+    def before(self, chunk: torch.nn.Module, i: int) -> None:
+        """Called just before `chunk` runs micro-batch i: its routers record, or are given their experts."""
         from megatron.core.transformer.moe.router_replay import RouterReplayAction
 
-        b, s = attention_mask.shape
-        if routes.shape[:3] != (b, s, len(self.replays)) or routes.shape[3] != self.topk:
-            raise ValueError(
-                f"{ROUTES} has shape {tuple(routes.shape)}; this micro-batch needs ({b}, {s}, {len(self.replays)}, "
-                f"{self.topk}): rows x positions x routed layers x top-k"
-            )
-        idx = rotation(attention_mask.cpu())
-        rotated = torch.gather(routes.cpu(), 1, idx[:, :, None, None].expand_as(routes))
-        for layer, r in enumerate(self.replays):
-            r.clear_indices()
-            target = rotated[:, :, layer].transpose(0, 1).reshape(s * b, self.topk)
-            r.set_target_indices(target.to(device=device, dtype=torch.long))
-            r.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
+        self._current = i
+        for layer, replay in self.chunks[id(chunk)]:
+            if self.recording:
+                replay.set_router_replay_action(RouterReplayAction.RECORD)
+                continue
+            target = self._targets[i][self._local[i], layer]
+            device = next(chunk.parameters()).device
+            replay.set_target_indices(target.to(device=device))  # (also queued for a recompute in backward)
+            replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
+
+    def after(self, chunk: torch.nn.Module, i: int) -> None:
+        """Called just after `chunk` ran micro-batch i: what its routers recorded is kept."""
+        if not self.recording:
+            return
+        for layer, replay in self.chunks[id(chunk)]:
+            got = replay.get_recorded_indices()
+            self._pieces[i][self._local[i], layer] = got.to(device="cpu", dtype=torch.long)
+
+    def collected(self, device: torch.device) -> List[torch.Tensor]:
+        """Each micro-batch's recorded column [B, S, layers, k] (int16), put together over the tensor, context and
+        pipeline groups. Collective over those groups."""
+        from megatron.core import parallel_state as mpu
+
+        sizes = [p.shape[0] for p in self._pieces]
+        whole = torch.cat(self._pieces).to(device)
+        for group in (mpu.get_tensor_and_context_parallel_group(), mpu.get_pipeline_model_parallel_group()):
+            if dist.get_world_size(group) > 1:  # (each token of each layer is recorded on exactly one rank)
+                dist.all_reduce(whole, op=dist.ReduceOp.MAX, group=group)
+        out = []
+        for piece, source in zip(whole.cpu().split(sizes), self._source):
+            routes = piece[source.clamp(min=0)]
+            routes[source < 0] = -1  # (nothing computed there)
+            out.append(routes.to(torch.int16))
+        return out
+
+    def agreement(self, device: torch.device) -> Dict[str, float]:
+        """moe/routing_agreement: over the real tokens of the replayed passes since the last call, the share of
+        the given experts the router would have chosen itself (1: it routes as the recording pass did; under r3,
+        the rollout). Collective over every rank."""
+        total = self._agree.to(device)
+        self._agree = torch.zeros(2, dtype=torch.float64)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(total)
+        return {"moe/routing_agreement": float(total[0] / total[1])} if float(total[1]) > 0 else {}
+
+    def _agreement(self, router: Any, inputs: Any, output: Any) -> None:
+        """Forward hook on a router: under replay, how many of each token's given experts its own top-k holds."""
+        from megatron.core.transformer.moe.router_replay import RouterReplayAction
+
+        replaying = router.router_replay.router_replay_action == RouterReplayAction.REPLAY_FORWARD
+        if not replaying or (self.recompute and torch.is_grad_enabled()) or not self._counted:
+            return  # (a recomputed forward would count its tokens twice)
+        with torch.no_grad():
+            x = inputs[0].reshape(-1, inputs[0].shape[-1])
+            own = torch.nn.functional.linear(x.float(), router.weight.float()).topk(router.topk, dim=-1).indices
+            shared = output[1].gather(1, own).sum(1).double() / router.topk  # routing_map [tokens, experts]
+            weight = self._counted[self._current][self._local[self._current]].to(shared.device)
+            self._agree += torch.stack([(shared * weight).sum(), weight.sum()]).cpu()
 
     def off(self) -> None:
-        """Route as the router chooses again; forget what was recorded or given."""
+        """Route as the routers choose again; forget what was recorded or given."""
         self.recording = False
-        for r in self.replays:
-            r.clear_indices()
-            r.clear_router_replay_action()
+        for _, replay in (x for xs in self.chunks.values() for x in xs):
+            replay.clear_indices()
+            replay.clear_router_replay_action()
+        self._targets, self._local, self._counted = [], [], []
 
+    # ---- where tokens are -----------------------------------------------------------------------------------
+    def _tokens_here(self, rows: Rows) -> torch.Tensor:
+        """Flat indices into `rows` of the tokens this rank's routers see, in megatron's order: this context-parallel
+        rank's chunks of each row, this tensor-parallel rank's slice of those (sequence parallelism), sequence-major."""
+        g, length = rows.input_ids.shape
+        grid = torch.arange(g * length).view(g, length)
+        lay = self.layout
+        if lay.cp > 1:
+            grid = grid[:, chunk_positions(length, lay.cp, lay.cp_rank)]
+        if lay.tp > 1:  # (a mixture of experts with tp > 1 runs sequence parallel: refused otherwise)
+            n = grid.shape[1] // lay.tp
+            grid = grid[:, lay.tp_rank * n : (lay.tp_rank + 1) * n]
+        return grid.t().reshape(-1)
+
+    def _packed_targets(self, routes: torch.Tensor, source: torch.Tensor, rows: Rows) -> torch.Tensor:
+        """[G*L, layers, k] experts for every token of `rows`, from the batch column `routes` [B, S, layers, k]: a
+        token several batch positions share (a packed prompt) takes the first one's; tokens computing no batch
+        position (padding), or given -1, take experts 0..k-1."""
+        k, layers = self.topk, self.layers
+        want = (*source.shape, layers, k)
+        if tuple(routes.shape) != want:
+            raise ValueError(
+                f"{ROUTES} has shape {tuple(routes.shape)}; this micro-batch needs {want}: rows x positions x "
+                "routed layers x top-k"
+            )
+        first = _first_positions(source, rows.input_ids.numel())
+        targets = torch.full((len(first), layers, k), -1, dtype=torch.long)
+        have = first >= 0
+        targets[have] = routes.reshape(-1, layers, k)[first[have]].long()
+        unknown = (targets < 0).any(-1, keepdim=True)
+        return torch.where(unknown, torch.arange(k), targets)
+
+
+def _first_positions(source: torch.Tensor, tokens: int) -> torch.Tensor:
+    """[tokens]: for each token of the rows, the first batch position (flat) it computes; -1 for none."""
+    flat = source.flatten()
+    first = torch.full((tokens,), flat.numel(), dtype=torch.long)
+    computed = flat >= 0
+    first.scatter_reduce_(0, flat[computed], torch.arange(flat.numel())[computed], reduce="amin")
+    return torch.where(first < flat.numel(), first, -1)
+
+
+def _source(rows: Rows) -> torch.Tensor:
+    if rows.source is None:
+        raise ValueError("routing replay needs rows that say where each batch position is computed (Rows.source)")
+    return rows.source.cpu()
+
+
+def _over_stages(values: list, layout) -> list:
+    """`values` of every pipeline stage of this rank's model, concatenated (each stage holds some layers)."""
+    if layout.pp == 1:
+        return values
+    from megatron.core import parallel_state as mpu
+
+    gathered: List[Optional[list]] = [None] * layout.pp
+    dist.all_gather_object(gathered, values, group=mpu.get_pipeline_model_parallel_group())
+    return [v for vs in gathered for v in (vs or [])]
+
+
+def _follow_recompute(replay, recompute: bool) -> None:
+    """With full activation recompute, a layer's forward runs again in backward; under pipeline stages other
+    micro-batches' forwards have run in between, so the recomputed forward must take its own micro-batch's experts:
+    megatron queues every target it is given (REPLAY_BACKWARD pops them in order), and a forward is a recompute
+    when it runs with gradients on (the first forward of a checkpointed layer runs without)."""
+    if not recompute or getattr(replay, "_verl_follows_recompute", False):
+        return
+    from megatron.core.transformer.moe.router_replay import RouterReplayAction
+
+    plain = replay.get_replay_topk
+
+    def topk(scores, topk, num_groups=None, group_topk=None, default_compute_topk=None):
+        action = replay.router_replay_action
+        if action is not None and action != RouterReplayAction.RECORD and torch.is_grad_enabled():
+            replay.router_replay_action = RouterReplayAction.REPLAY_BACKWARD
+            try:
+                return plain(scores, topk, num_groups, group_topk, default_compute_topk)
+            finally:
+                replay.router_replay_action = action
+        return plain(scores, topk, num_groups, group_topk, default_compute_topk)
+
+    replay.get_replay_topk = topk
+    replay._verl_follows_recompute = True

@@ -23,6 +23,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from verl.utils.padding_free import padding_free
+from verl_megatron.context_parallel import chunk_positions, local_index
 
 
 @dataclass(frozen=True)
@@ -89,19 +90,34 @@ class Rows:
     valid: Optional[torch.Tensor]  # [B, R] False past a packed row's response (outputs zeroed there); None: all
     labels: torch.Tensor  # [B, R]
     cu_seqlens: Optional[torch.Tensor] = None  # THD rows: [sequences + 1] int32 boundaries in the one row
+    source: Optional[torch.Tensor] = None  # [B, S] where each position of the micro-batch is computed: its flat
+    # index in input_ids (row * L + col), -1 where nothing computes it (routing replay maps routes with it)
 
 
 def padded_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, responses: torch.Tensor, multiple: int) -> Rows:
     """The padded layout (`pack`): a row per sample, rotated so its real tokens start at 0."""
     p = pack(input_ids, attention_mask, responses, multiple)
-    rows = torch.arange(input_ids.shape[0], device=input_ids.device)[:, None].expand_as(p.predict_index)
-    return Rows(p.input_ids, p.position_ids, None, rows, p.predict_index, None, p.labels)
+    b, s = input_ids.shape
+    rows = torch.arange(b, device=input_ids.device)[:, None]
+    # position s of row b sits where the rotation put it: (s - leading padding) % S
+    shift = (~attention_mask.bool()).long().cumprod(1).sum(1)
+    source = rows * p.input_ids.shape[1] + (torch.arange(s, device=input_ids.device) - shift[:, None]) % s
+    return Rows(
+        p.input_ids,
+        p.position_ids,
+        None,
+        rows.expand_as(p.predict_index),
+        p.predict_index,
+        None,
+        p.labels,
+        source=source,
+    )
 
 
 def packed_rows(prefix_pack: Any, responses: torch.Tensor) -> Rows:
     """A shared-prefix pack (verl.utils.shared_prefix.PrefixPack) in megatron's terms: its mask inverted."""
     p = prefix_pack
-    return Rows(p.input_ids, p.position_ids, ~p.allowed, p.rows, p.cols, p.valid, responses)
+    return Rows(p.input_ids, p.position_ids, ~p.allowed, p.rows, p.cols, p.valid, responses, source=p.source)
 
 
 def thd_rows(
@@ -116,7 +132,7 @@ def thd_rows(
     pack = padding_free(input_ids, attention_mask, position_ids, responses.shape[1])
     lengths = attention_mask.sum(-1).to(torch.int32)
     cu = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0, dtype=torch.int32)])
-    rows = Rows(pack.input_ids, pack.position_ids, None, pack.rows, pack.cols, pack.valid, responses, cu)
+    rows = Rows(pack.input_ids, pack.position_ids, None, pack.rows, pack.cols, pack.valid, responses, cu, pack.source)
     t = pack.input_ids.shape[1]
     return pad_rows(rows, 1, -(-t // multiple) * multiple)
 
@@ -151,7 +167,38 @@ def pad_rows(rows: Rows, count: int, length: int) -> Rows:
         rows.valid,
         rows.labels,
         cu,
+        None if rows.source is None else torch.where(rows.source >= 0, rows.source // s * length + rows.source % s, -1),
     )
+
+
+def rank_inputs(rows: Rows, layout: Any, device: Any) -> Dict[str, Any]:
+    """The model inputs of one micro-batch on this rank (its context-parallel part of each sequence)."""
+    out = {
+        "input_ids": rows.input_ids,
+        "position_ids": rows.position_ids,
+        "attention_mask": rows.mask,
+        "hidden_row": rows.hidden_row,
+        "predict_index": rows.predict_index,
+        "valid": rows.valid,
+        "labels": rows.labels,
+    }
+    if layout.cp > 1:
+        seq, cp, rank = rows.input_ids.shape[1], layout.cp, layout.cp_rank
+        mine = chunk_positions(seq, cp, rank)
+        out.update(input_ids=rows.input_ids[:, mine], position_ids=rows.position_ids[:, mine])
+        if rows.mask is not None:  # this rank's queries over the keys as the group gathers them (rank order)
+            keys = torch.cat([chunk_positions(seq, cp, r) for r in range(cp)])
+            out["attention_mask"] = rows.mask[:, :, mine][:, :, :, keys]
+        out["local_index"] = local_index(rows.predict_index, seq, cp, rank)
+    if rows.cu_seqlens is not None:
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        cu = rows.cu_seqlens.to(device)
+        longest = int((rows.cu_seqlens[1:] - rows.cu_seqlens[:-1]).max())
+        out["packed_seq_params"] = PackedSeqParams(
+            qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest, max_seqlen_kv=longest
+        )
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in out.items()}
 
 
 def rows_kind(rows: Rows) -> str:

@@ -15,9 +15,10 @@ from typing import Any, Callable, ContextManager, Optional
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from verl.engine_protocol import RolloutEngine, RolloutSettings, TrainEngine, Weights
+from verl.engine_protocol import ROUTED_EXPERTS, RolloutEngine, RolloutSettings, TrainEngine, Weights
 from verl.protocol import DataProto
 from verl.rollout_batch import assemble_rollout
+from verl_rollout.hf_routes import RouteRecorder
 from verl_rollout.hf_weights import target
 
 
@@ -45,6 +46,8 @@ class HFRollout:
         self.module: Any = module  # (a transformers model: its generate is not in torch.nn.Module's type)
         self.gather = gather or contextlib.nullcontext
         self._released: Optional[dict] = None  # name -> shape of parameters released by sleep()
+        # routing replay r3: the experts every token went to come back as a batch column
+        self.recorder = RouteRecorder(module) if settings.routes else None
 
     @classmethod
     def build(
@@ -96,7 +99,8 @@ class HFRollout:
         width = max_new_tokens or self.max_new_tokens
         was_training = self.module.training
         self.module.eval()
-        with self.gather():
+        recording = self.recorder.recording() if self.recorder is not None else contextlib.nullcontext()
+        with self.gather(), recording:
             # n samples of a prompt share its prefill: the KV cache of all but its last token is computed once
             # and repeated n times; generate then starts from the last prompt token.
             cache = self._prefill(unique_ids[:, :-1], unique_mask[:, :-1], n) if n > 1 and p > 1 else None
@@ -118,7 +122,12 @@ class HFRollout:
         responses = torch.nn.functional.pad(responses, (0, pad), value=self.pad_token_id)
         log_probs = torch.nn.functional.pad(log_probs.cpu(), (0, pad), value=0.0)
         lengths = torch.full((len(responses),), generated)
-        return assemble_rollout(prompts, responses, log_probs, lengths, eos_ids=self.eos_ids)
+        batch = assemble_rollout(prompts, responses, log_probs, lengths, eos_ids=self.eos_ids)
+        if self.recorder is not None:
+            shared = len(unique_ids) if cache is not None else None
+            routes = self.recorder.routes(len(responses), p + width, prefill_rows=shared, n=n)
+            batch = batch.union(DataProto.from_dict({ROUTED_EXPERTS: routes}))
+        return batch
 
     def _prefill(self, ids: torch.Tensor, mask: torch.Tensor, n: int) -> Any:
         """The KV cache of `ids` (positions as generate gives them: from the first real token), each row's

@@ -108,9 +108,10 @@ def _batch_lines(plan: Plan) -> List[str]:
             else f"old log-probs: a pass before the update ({plan.old_log_probs_why})"
         )
     if plan.has("actor") and plan.trainer == "ppo" and plan.routing_replay != "none":
+        source = {"r2": "the old-log-prob pass", "r3": "the rollout"}.get(plan.routing_replay, plan.routing_replay)
         lines.append(
-            f"routing replay: {plan.routing_replay} (the old-log-prob pass records the experts each token goes to, as "
-            "a batch column; the update routes every token to them; both run padded rows)"
+            f"routing replay: {plan.routing_replay} ({source} records the experts each token goes to, as a batch "
+            "column; every later actor pass routes each token to them)"
         )
     if plan.shared_prefix:
         lines.append(

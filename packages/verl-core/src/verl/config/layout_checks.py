@@ -335,25 +335,27 @@ def model_experts(cfg: Any) -> Optional[int]:
 
 
 def _routing_replay_problems(ctx: Context, experts: Optional[int]) -> List[ConfigProblem]:
-    """actor.routing_replay=r2: a megatron mixture of experts whose ranks hold whole sequences and every layer."""
-    key, backend = "actor.routing_replay", value(ctx.cfg, "actor.backend")
+    """actor.routing_replay: a megatron mixture of experts; r3 also needs a rollout that records routes (hf, one
+    completion per sample, synchronous)."""
+    key, mode, backend = "actor.routing_replay", value(ctx.cfg, "actor.routing_replay"), value(ctx.cfg, "actor.backend")
     if backend != "megatron":
         why = f"routing replay is built on the megatron engine; the actor uses {backend}"
         return [error_at(key, why, f"set {key}=none, or actor.backend=megatron")]
     if experts == 0:
         why = "routing replay replays a mixture of experts' routes, and this model is dense"
         return [error_at(key, why, f"set {key}=none")]
-    actor = next((lay for lay in ctx.draft.plan.layouts if lay.role == "actor"), None) if ctx.draft.plan else None
-    split = {a: getattr(actor, a) for a in ("tp", "cp", "pp")} if actor is not None else {}
-    if any(n > 1 for n in split.values()):
-        sizes = ", ".join(f"{a}={n}" for a, n in split.items())
-        return [
-            error_at(
-                key,
-                f"routing replay with {sizes} is not built (each rank must hold whole sequences and every layer)",
-                f"split the actor with parallel.ep and data parallelism only, or set {key}=none",
-            )
-        ]
+    if mode != "r3":
+        return []
+    rollout = value(ctx.cfg, "rollout.backend")
+    if rollout != "hf":
+        why = f"r3 replays the routes the rollout took; the hf rollout records them, {rollout} does not here"
+        return [error_at(key, why, f"set rollout.backend=hf, or {key}=r2 (the old-log-prob pass records)")]
+    if value(ctx.cfg, "rollout.agent.loop") is not None:
+        why = "r3 records routes of one batched completion per sample; agent loops assemble trajectories turn by turn"
+        return [error_at(key, why, f"set {key}=r2, or rollout.agent.loop=null")]
+    if value(ctx.cfg, "trainer.mode") == "async":
+        why = "r3 records routes in the batched rollout; the rollout service (trainer.mode=async) does not"
+        return [error_at(key, why, f"set {key}=r2, or trainer.mode=sync")]
     return []
 
 
@@ -405,7 +407,7 @@ def check_expert_parallel(ctx: Context) -> List[ConfigProblem]:
                     "set actor.moe_aux_loss_coeff=0",
                 )
             )
-    if value(ctx.cfg, "actor.routing_replay") == "r2":
+    if value(ctx.cfg, "actor.routing_replay") in ("r2", "r3"):
         problems += _routing_replay_problems(ctx, experts)
     for layout in ctx.draft.plan.layouts if ctx.draft.plan is not None else ():
         if experts and layout.backend == "megatron" and layout.tp > 1 and not layout.sequence_parallel:

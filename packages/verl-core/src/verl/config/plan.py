@@ -156,7 +156,9 @@ class Plan:
     # trainer.mode: sync (generate, then train) or one_step_off (the next batch generated while the actor trains)
     mode: str = "sync"
     max_staleness: int = 1  # trainer.mode=async: the bound on a sample's policy lag (trainer.max_staleness)
-    routing_replay: str = "none"  # actor.routing_replay: r2 records the experts in the old-log-prob pass, replays them
+    # actor.routing_replay: r2 records the experts in the old-log-prob pass, r3 in the rollout; later actor passes
+    # replay them
+    routing_replay: str = "none"
     # rollout.agent.loop: the agent loop that makes each sample's trajectory (None: one completion per sample)
     agent_loop: Optional[str] = None
     agent_max_turns: int = 1

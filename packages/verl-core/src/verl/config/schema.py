@@ -249,7 +249,9 @@ class ActorConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     # megatron MoE: its load-balancing loss per routed layer (megatron's formula, not HF's router_aux_loss_coef), 0: off
     moe_aux_loss_coeff: float = non_negative(0.0)
-    routing_replay: str = one_of("none", "none", "r2")  # megatron MoE, r2: the update replays the old pass's experts
+    # megatron MoE: r2, the update replays the experts the old-log-prob pass took; r3, every actor pass replays the
+    # experts the rollout took (hf rollout)
+    routing_replay: str = one_of("none", "none", "r2", "r3")
 
 
 @dataclass

@@ -27,7 +27,7 @@ from verl.trainer.shaping import first_groups, groups_per_share, informative_gro
 from verl.trainer.timer import StageTimer
 from verl.trainer.validation import held_out_metrics
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
-from verl.workers.columns import CRITIC_UPDATE, MODEL_INPUTS, actor_update_columns
+from verl.workers.columns import CRITIC_UPDATE, actor_update_columns, log_prob_inputs
 from verl.workers.critic import CriticWorker
 
 
@@ -116,7 +116,7 @@ class PPOTrainer(Trainer):
     def compute_log_probs(self, batch: DataProto) -> DataProto:
         """Old (and reference) log-probs in one call to the actor's workers (old ones only when the plan
         recomputes them); values from the critic's."""
-        inputs = batch.select(MODEL_INPUTS, [])
+        inputs = batch.select(log_prob_inputs(self.cfg), [])
         if any(r.name in ("actor", "ref") for r in self.plan.log_prob_passes):
             batch = batch.union(self.workers.actor_rollout.call(ActorRolloutRefWorker.compute_log_probs, inputs))
         if self.workers.critic is not None:

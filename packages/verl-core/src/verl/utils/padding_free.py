@@ -36,4 +36,5 @@ def padding_free(
         rows=torch.zeros_like(cols),
         cols=cols,
         valid=valid,
+        source=torch.where(mask, flat_index, torch.full_like(flat_index, -1)),
     )

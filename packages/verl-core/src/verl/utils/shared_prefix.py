@@ -30,6 +30,8 @@ class PrefixPack:
     rows: torch.Tensor  # [B, R] the packed row holding the output that predicts responses[b, t]
     cols: torch.Tensor  # [B, R] its position there
     valid: torch.Tensor  # [B, R] bool: t is within the response (up to and including eos)
+    source: Optional[torch.Tensor] = None  # [B, P+R] where each position of a row is computed: its flat index in
+    # the packed rows (row * L + col), -1 where nothing computes it (padding; a row's last token, which predicts none)
 
     @property
     def tokens(self) -> int:
@@ -120,6 +122,7 @@ def pack_shared_prefixes(
     cols = torch.zeros(ids.shape[0], r, dtype=torch.long)
     packed = torch.zeros(len(bins), length, dtype=torch.long)
     packed_pos = torch.zeros(len(bins), length, dtype=torch.long)
+    source = torch.full(ids.shape, -1, dtype=torch.long)
     seg = torch.full((len(bins), length), -1, dtype=torch.long)  # which sequence piece a token belongs to
     root = torch.full((len(bins), length), -1, dtype=torch.long)  # the prompt piece of its group
     for row, (_, members) in enumerate(bins):
@@ -129,8 +132,11 @@ def pack_shared_prefixes(
             span = slice(offset, offset + len(it.tokens))
             packed[row, span], packed_pos[row, span] = it.tokens, it.positions
             seg[row, span], root[row, span] = it.pieces + base, base
+            prompt_at = row * length + offset + torch.arange(it.prompt_length)
             for b, start, k in it.members:
                 rows[b] = row
+                source[b, :p][mask[b, :p]] = prompt_at  # (every member's prompt is the group's one prompt)
+                source[b, p : p + k] = row * length + offset + start + torch.arange(k)
                 cols[b, 0] = offset + it.prompt_length - 1  # the first response token: from the prompt's last
                 cols[b, 1 : k + 1] = torch.arange(offset + start, offset + start + k)
             offset += len(it.tokens)
@@ -150,6 +156,7 @@ def pack_shared_prefixes(
         rows=rows.to(device),
         cols=cols.to(device),
         valid=valid.to(device),
+        source=source.to(device),
     )
 
 

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from verl.config.plan import Plan
 from verl.controller import Dispatch, Worker, register
 from verl.controller.worker import free_port
+from verl.engine_protocol import ROUTED_EXPERTS
 from verl.protocol import DataProto
 from verl.utils.memory import PhasePeaks
 from verl.workers.build_engines import rollout_engine, train_engine
@@ -151,12 +152,14 @@ class ActorRolloutRefWorker(Worker):
             for key, role in (("old_log_probs", "actor"), ("ref_log_probs", "ref")):
                 engine = getattr(self, role)
                 if engine is not None and plan.role(role) in plan.log_prob_passes:
-                    # routing replay (r2): the actor's pass also returns the experts each token went to
-                    routes = {"routes": True} if role == "actor" and self.cfg.actor.routing_replay == "r2" else {}
+                    # routing replay: the actor's pass records the experts each token went to (r2), or routes
+                    # every token to the ones the rollout took (r3)
+                    mode = plan.routing_replay if role == "actor" else "none"
+                    routes = {"r2": {"routes": True}, "r3": {"replay": True}}.get(mode, {})
                     infer = engine.infer(batch, temperature=plan.temperature, **pass_sizes(plan.role(role)), **routes)
                     out[key] = infer.batch["log_probs"]
-                    if routes:
-                        out["routed_experts"] = infer.batch["routed_experts"]
+                    if mode == "r2":
+                        out[ROUTED_EXPERTS] = infer.batch[ROUTED_EXPERTS]
         if self.ref is not None:  # its one pass of the step is done (ref.param_offload)
             self.ref.release_memory()
         return DataProto.from_dict(out)

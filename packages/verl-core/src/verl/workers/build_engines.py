@@ -56,6 +56,7 @@ def rollout_settings(cfg: VerlConfig, plan: Plan, tokenizer: Any) -> RolloutSett
         seed=cfg.trainer.seed,
         # the rank of the adapters it will be sent (rollout.lora_sync: adapter), 0 when it takes full weights
         lora_rank=int(cfg.actor.lora.rank) if plan.lora_sync == "adapter" else 0,
+        routes=plan.routing_replay == "r3",  # (the rollout records the routes every actor pass replays)
     )
 
 

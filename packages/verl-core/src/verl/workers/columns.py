@@ -5,10 +5,21 @@ from __future__ import annotations
 from typing import Tuple
 
 from verl.config.schema import VerlConfig
+from verl.engine_protocol import ROUTED_EXPERTS
 
 # What every engine forward reads (see verl.engine_protocol for the layout).
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
 PROMPTS = ("input_ids", "attention_mask", "position_ids")
+
+
+def replayed_routes(cfg: VerlConfig) -> Tuple[str, ...]:
+    """The routes column under routing replay (actor.routing_replay: r2 or r3), else nothing."""
+    return (ROUTED_EXPERTS,) if cfg.actor.routing_replay in ("r2", "r3") else ()
+
+
+def log_prob_inputs(cfg: VerlConfig) -> Tuple[str, ...]:
+    """What the log-prob passes read: the model inputs, and under r3 the experts the rollout took (replayed)."""
+    return MODEL_INPUTS + (replayed_routes(cfg) if cfg.actor.routing_replay == "r3" else ())
 
 
 def actor_update_columns(cfg: VerlConfig, old_log_probs: bool = True) -> Tuple[str, ...]:
@@ -18,7 +29,7 @@ def actor_update_columns(cfg: VerlConfig, old_log_probs: bool = True) -> Tuple[s
     takes them from its own forward."""
     old = ("old_log_probs",) if old_log_probs else ()
     extra: Tuple[str, ...] = ("ref_log_probs",) if cfg.actor.use_kl_loss else ()
-    extra += ("routed_experts",) if cfg.actor.routing_replay == "r2" else ()  # (the experts the update replays)
+    extra += replayed_routes(cfg)  # (the experts the update replays)
     return MODEL_INPUTS + ("response_mask", *old, "advantages", "rollout_log_probs") + extra
 
 

@@ -1,0 +1,70 @@
+"""The experts a Hugging Face mixture of experts routed every token to while generating: routing replay R3's
+`routed_experts` column, recorded by forward hooks on the routers (transformers' `*TopKRouter` modules return
+logits, weights and the chosen experts).
+
+Each forward of the model calls every router once, in layer order, on its tokens flattened row-major; a generation
+is the prompt's forward (or the shared prefill of all but its last token, then that token) and one forward per
+token fed back, so the k-th forward's tokens sit at the positions after the ones before it. The column is
+[B, P + R, layers, k] (int16) in the rollout batch's layout; -1 where no forward ran: the last generated token (it
+predicts nothing, so it is never fed) and the response's padding beyond what was generated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, List, Optional
+
+import torch
+
+
+def routers_of(module: torch.nn.Module) -> List[torch.nn.Module]:
+    """The top-k routers of a transformers mixture of experts, in layer order (none: a dense model)."""
+    return [m for m in module.modules() if type(m).__name__.endswith("TopKRouter")]
+
+
+class RouteRecorder:
+    """Every router call of the forwards run inside `recording()`, put back into the batch layout by `routes`."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.routers = routers_of(module)
+        if not self.routers:
+            raise ValueError(
+                "actor.routing_replay=r3 records a mixture of experts' routes in the rollout, and this model has no "
+                "router (transformers' *TopKRouter modules)"
+            )
+        self.calls: List[torch.Tensor] = []
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator["RouteRecorder"]:
+        self.calls = []
+        hooks = [r.register_forward_hook(self._keep) for r in self.routers]
+        try:
+            yield self
+        finally:
+            for h in hooks:
+                h.remove()
+
+    def _keep(self, module: torch.nn.Module, inputs, output) -> None:
+        self.calls.append(output[2].detach().to(device="cpu", dtype=torch.int16))  # [tokens, k]
+
+    def routes(self, rows: int, width: int, prefill_rows: Optional[int] = None, n: int = 1) -> torch.Tensor:
+        """[rows, width, layers, k]: the recorded forwards placed one after another along each row. prefill_rows:
+        the first forward ran each of that many prompts once, for its n adjacent samples (a shared prefill)."""
+        layers = len(self.routers)
+        if len(self.calls) % layers:
+            raise RuntimeError(f"{len(self.calls)} router calls is not whole forwards of {layers} routed layers")
+        forwards = [torch.stack(self.calls[i : i + layers], dim=1) for i in range(0, len(self.calls), layers)]
+        k = forwards[0].shape[-1] if forwards else 0
+        out = torch.full((rows, width, layers, k), -1, dtype=torch.int16)
+        at = 0
+        for i, f in enumerate(forwards):
+            shared = i == 0 and prefill_rows is not None
+            f = (
+                f.view(prefill_rows, -1, layers, k).repeat_interleave(n, dim=0)
+                if shared
+                else f.view(rows, -1, layers, k)
+            )
+            take = min(f.shape[1], width - at)
+            out[:, at : at + take] = f[:, :take]
+            at += take
+        return out
