@@ -281,11 +281,14 @@ def test_routing_replay_needs_a_megatron_mixture_of_experts_and_r3_a_rollout_tha
         assert p.key == "actor.routing_replay" and "megatron" in p.message
     for other, fix in (
         ({"rollout": {"backend": "sglang"}}, "rollout.backend=hf"),
+        ({"rollout": {"backend": "vllm"}, "placement": {"device": "cpu"}}, "rollout.backend=hf"),
         ({"rollout": {"agent": {"loop": "tool_agent"}}}, "rollout.agent.loop=null"),
         ({"trainer": {"mode": "async"}}, "trainer.mode=sync"),
     ):
         p = next(p for p in errors(check(MEGATRON8, moe, r3, other)) if p.key == "actor.routing_replay")
         assert "r3" in p.message and fix in p.fix and "r2" in p.fix
+    on_gpu = {"rollout": {"backend": "vllm"}, "placement": {"device": "cuda"}}
+    assert not [p for p in errors(check(MEGATRON8, moe, r3, on_gpu)) if p.key == "actor.routing_replay"]
     p = only(check(MEGATRON8, moe, {"actor": {"routing_replay": "r4"}}))
     assert p.key == "actor.routing_replay"
 

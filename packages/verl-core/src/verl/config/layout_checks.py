@@ -335,8 +335,8 @@ def model_experts(cfg: Any) -> Optional[int]:
 
 
 def _routing_replay_problems(ctx: Context, experts: Optional[int]) -> List[ConfigProblem]:
-    """actor.routing_replay: a megatron mixture of experts; r3 also needs a rollout that records routes (hf, one
-    completion per sample, synchronous)."""
+    """actor.routing_replay: a megatron mixture of experts; r3 also needs a rollout that records routes (hf, or
+    vllm on a GPU; one completion per sample, synchronous)."""
     key, mode, backend = "actor.routing_replay", value(ctx.cfg, "actor.routing_replay"), value(ctx.cfg, "actor.backend")
     if backend != "megatron":
         why = f"routing replay is built on the megatron engine; the actor uses {backend}"
@@ -346,9 +346,12 @@ def _routing_replay_problems(ctx: Context, experts: Optional[int]) -> List[Confi
         return [error_at(key, why, f"set {key}=none")]
     if mode != "r3":
         return []
-    rollout = value(ctx.cfg, "rollout.backend")
-    if rollout != "hf":
-        why = f"r3 replays the routes the rollout took; the hf rollout records them, {rollout} does not here"
+    rollout, device = value(ctx.cfg, "rollout.backend"), value(ctx.cfg, "placement.device")
+    if rollout != "hf" and not (rollout == "vllm" and device == "cuda"):
+        why = (
+            f"r3 replays the routes the rollout took; the hf rollout records them, and vllm on a GPU (its model "
+            f"runner V2 needs Triton there), not {rollout} on {device}"
+        )
         return [error_at(key, why, f"set rollout.backend=hf, or {key}=r2 (the old-log-prob pass records)")]
     if value(ctx.cfg, "rollout.agent.loop") is not None:
         why = "r3 records routes of one batched completion per sample; agent loops assemble trajectories turn by turn"

@@ -1,12 +1,13 @@
-"""The experts a Hugging Face mixture of experts routed every token to while generating: routing replay R3's
-`routed_experts` column, recorded by forward hooks on the routers (transformers' `*TopKRouter` modules return
-logits, weights and the chosen experts).
+"""The experts a mixture of experts routed every token to while generating: routing replay R3's `routed_experts`
+column in the rollout batch's layout, [B, P + R, layers, k] (int16), -1 where no forward ran.
+
+The hf rollout records them by forward hooks on the routers (transformers' `*TopKRouter` modules return logits,
+weights and the chosen experts); vLLM returns them per sample (`place_routes` lays them out).
 
 Each forward of the model calls every router once, in layer order, on its tokens flattened row-major; a generation
 is the prompt's forward (or the shared prefill of all but its last token, then that token) and one forward per
-token fed back, so the k-th forward's tokens sit at the positions after the ones before it. The column is
-[B, P + R, layers, k] (int16) in the rollout batch's layout; -1 where no forward ran: the last generated token (it
-predicts nothing, so it is never fed) and the response's padding beyond what was generated.
+token fed back, so the k-th forward's tokens sit at the positions after the ones before it. No forward runs the
+last generated token (it predicts nothing, so it is never fed) or the response's padding beyond what was generated.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator, List, Optional
 
+import numpy as np
 import torch
 
 
@@ -68,3 +70,24 @@ class RouteRecorder:
             out[:, at : at + take] = f[:, :take]
             at += take
         return out
+
+
+def place_routes(
+    per_sample: List[Optional[np.ndarray]], prompt_lengths: List[int], prompt_width: int, width: int
+) -> torch.Tensor:
+    """[rows, prompt_width + width, layers, k] from each sample's routes over its own tokens ([tokens, layers, k]:
+    its unpadded prompt, then what it generated), placed where the batch holds those tokens (prompts left-padded to
+    `prompt_width`); -1 elsewhere."""
+    known = [r for r in per_sample if r is not None]
+    if len(known) != len(per_sample):
+        raise RuntimeError(
+            f"{len(per_sample) - len(known)} of {len(per_sample)} samples came back without their routed experts "
+            "(the engine was not started to return them)"
+        )
+    layers, k = known[0].shape[1:] if known else (0, 0)
+    out = torch.full((len(per_sample), prompt_width + width, layers, k), -1, dtype=torch.int16)
+    for row, (routes, plen) in enumerate(zip(known, prompt_lengths)):
+        start = prompt_width - plen
+        take = min(routes.shape[0], out.shape[1] - start)
+        out[row, start : start + take] = torch.from_numpy(np.asarray(routes[:take])).to(torch.int16)
+    return out
