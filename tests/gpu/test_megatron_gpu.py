@@ -4,8 +4,8 @@ Skipped without CUDA. On one GPU: log-probs (TP=1) against the HF model, HF -> m
 training step; then `recipes:grpo_tiny_megatron` at TP=1 on that GPU for a few steps, its step time printed
 and written to $VERL_GPU_RESULTS (a JSON file) when set; a few bf16 steps (the dtype GPU runs train in). With two
 or more GPUs the TP=2 (with and without sequence parallelism), PP=2 and CP=2 parity checks run too. A mixture of
-experts: log-probs against HF in float32 and bf16 (router in float32), a few steps of `recipes:grpo_tiny_moe`,
-and EP=2 over two GPUs.
+experts: log-probs against HF in float32 and bf16 (router in float32), a few steps of `recipes:grpo_tiny_moe`
+(plain and with routing replay R3), and EP=2 over two GPUs.
 TransformerEngine's layers are used when the package is installed (the engine picks them itself).
 """
 
@@ -227,7 +227,9 @@ def moe_dir(tmp_path_factory):
     from tests.support.megatron_workers import random_model_dir
 
     path = str(tmp_path_factory.mktemp("qwen3_moe"))
-    return random_model_dir(path, "qwen3_moe", tie=False, layers=4, vocab=64, hidden=128, head_dim=32, moe_intermediate_size=64)
+    return random_model_dir(
+        path, "qwen3_moe", tie=False, layers=4, vocab=64, hidden=128, head_dim=32, moe_intermediate_size=64
+    )
 
 
 @pytest.mark.parametrize("dtype, atol", [("float32", LOGPROB_ATOL), ("bfloat16", BF16_LOGPROB_ATOL)])
@@ -254,18 +256,26 @@ def test_two_gpu_expert_parallel_log_probs_match_hf(moe_dir, dtype, atol):
     print(f"GPU EP=2 {dtype}: max |log-prob - HF| = {worst:.2e}")
 
 
-def test_grpo_tiny_moe_steps_on_one_gpu(tmp_path):
-    """A few GRPO steps of the tiny mixture-of-experts recipe (EP=1) on the GPU; step time printed."""
+@pytest.mark.parametrize("replay", ["none", "r3"])
+def test_grpo_tiny_moe_steps_on_one_gpu(tmp_path, replay):
+    """A few GRPO steps of the tiny mixture-of-experts recipe (EP=1) on the GPU, and with routing replay R3 (the hf
+    rollout's experts replayed by the actor: the routing agreement and the trainer/rollout log-prob gap printed);
+    step time printed."""
     from tests.support.run_configs import RECIPES
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     cmd = [sys.executable, "-m", "verl.cli", "train", str(RECIPES / "grpo_tiny_moe.yaml"), "placement.device=cuda"]
     cmd += ["placement.devices_per_node=1", "actor.parallel.ep=1", "trainer.total_steps=5", "trainer.val_every=0"]
     cmd += ["trainer.val_before_train=false", "trainer.resume=disable", f"trainer.output_dir={tmp_path}"]
-    cmd += ["tracking.loggers=[jsonl]", "model.warm_start=null"]
+    cmd += ["tracking.loggers=[jsonl]", "model.warm_start=null", f"actor.routing_replay={replay}"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-4000:]
     rows = [json.loads(line) for f in glob.glob(f"{tmp_path}/logs/*.jsonl") for line in open(f)]
     timed = [r for r in rows if "timing/step_s" in r]
     assert len(timed) == 5 and all("actor/moe/load_max" in r for r in timed)
-    print(json.dumps({"gpu": torch.cuda.get_device_name(0), "moe_step_s": [r["timing/step_s"] for r in timed]}))
+    report = {"gpu": torch.cuda.get_device_name(0), "replay": replay, "moe_step_s": [r["timing/step_s"] for r in timed]}
+    if replay == "r3":
+        assert all(r["actor/moe/routes_replayed"] == 1.0 for r in timed)
+        report["routing_agreement"] = [r["actor/moe/routing_agreement"] for r in timed]
+        report["logprob_diff_max"] = [r.get("rollout/logprob_diff_max") for r in timed]
+    print(json.dumps(report))
