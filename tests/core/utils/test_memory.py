@@ -1,4 +1,5 @@
-"""Peak memory per phase: on CPU the process's resident high-water mark, reset at each phase's start."""
+"""Peak memory per phase: on CPU the process's resident set, read without resetting the process's high-water mark
+(what `time -v` and monitors report must stay the run's)."""
 
 from __future__ import annotations
 
@@ -7,25 +8,35 @@ import sys
 import pytest
 import torch
 
-from verl.utils.memory import PhasePeaks, peak_gib, reset_peak
+from verl.utils.memory import GIB, PhasePeaks, current_bytes, high_water_bytes
+
+CPU = torch.device("cpu")
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the CPU peak reads Linux's /proc")
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the per-phase CPU peak reads Linux's /proc")
-def test_each_phase_reports_its_own_peak():
-    peaks = PhasePeaks(torch.device("cpu"))
-    reset_peak(torch.device("cpu"))
-    baseline = peak_gib(torch.device("cpu"))  # the resident set now
+def _touch(mib: int) -> None:
+    t = torch.ones(mib * 2**20 // 4)  # written, so resident
+    del t
+
+
+@linux_only
+def test_each_phase_reports_its_own_peak_and_the_process_peak_is_left_alone():
+    peaks = PhasePeaks(CPU)
+    baseline = current_bytes(CPU) / GIB
     with peaks("big"):
-        big = torch.ones(256 * 2**20 // 4)  # 256 MiB, touched
-        del big
+        _touch(256)
+    run_peak = high_water_bytes(CPU) / GIB
     with peaks("small"):
-        small = torch.ones(1024)
-        del small
+        _touch(1)
+    with peaks("middle"):  # below the run's high so far: its peak is the sampler's
+        _touch(128)
     with peaks("big"):  # a second, smaller call of a phase keeps the phase's highest
         pass
     out = peaks.take()
-    assert set(out) == {"memory/big_peak_gib", "memory/small_peak_gib"}
+    assert set(out) == {"memory/big_peak_gib", "memory/small_peak_gib", "memory/middle_peak_gib"}
     assert out["memory/big_peak_gib"] >= baseline + 0.24
     # the big tensor was freed before "small" started: its peak is its own, not the process's so far
     assert out["memory/small_peak_gib"] < out["memory/big_peak_gib"] - 0.2
+    assert baseline + 0.11 <= out["memory/middle_peak_gib"] < out["memory/big_peak_gib"] - 0.1
+    assert high_water_bytes(CPU) / GIB >= run_peak  # never reset: the process's peak is still the run's
     assert peaks.take() == {}  # taken: the next step starts over
