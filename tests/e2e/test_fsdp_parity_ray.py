@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoConfig
 
 from tests.support.engines import policy_batch
 from tests.support.run_configs import ODD_LENGTH_REWARD, fit, tiny_config
@@ -16,6 +17,7 @@ from verl.cli import main
 from verl.config.plan import build_plan
 from verl.controller import make_worker_group, pools_from_plan
 from verl.embedded.models import materialize_embedded_model
+from verl.memory_model import fsdp_state_bytes, hf_parameter_shapes, trained_shapes
 from verl.protocol import DataProto
 from verl.utils.shared_prefix import pack_shared_prefixes
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
@@ -41,6 +43,9 @@ def _batch(vocab: int) -> DataProto:
     return batch
 
 
+_HELD: dict = {}  # world size -> each rank's held_bytes after the step
+
+
 def _step(cfg, model_path: str, batch: DataProto, save_to: str | None = None):
     plan = build_plan(cfg, total_steps=10)
     pool = pools_from_plan(plan)["hybrid"]
@@ -49,6 +54,7 @@ def _step(cfg, model_path: str, batch: DataProto, save_to: str | None = None):
         group.call("init_model")
         metrics = group.call("update_actor", batch)
         state = group.call("actor_state")[0]
+        _HELD[len(metrics)] = group.call("held_bytes")
         if save_to is not None:
             group.call("save_checkpoint", save_to)
     finally:
@@ -81,6 +87,12 @@ def test_world_two_equals_world_one(ray_two_cpus, tmp_path, embedded_cache):  # 
     loss2 = sum(m["actor/pg_loss"] for m in m2) / 2
     assert loss1 == pytest.approx(loss2, rel=1e-6, abs=1e-7)
     assert m1[0]["actor/grad_norm"] == pytest.approx(m2[0]["actor/grad_norm"], rel=1e-5)
+    # what each rank holds is what the memory model says before launch (FSDP2 cuts dim 0 unevenly: 83 rows, 42/41)
+    shapes = trained_shapes(hf_parameter_shapes(AutoConfig.from_pretrained(model_path)), True)
+    for world in (1, 2):
+        for rank, held in enumerate(_HELD[world]):
+            assert held == fsdp_state_bytes(shapes, dp=world, rank=rank).as_dict(), (world, rank)
+    assert _HELD[2][0]["params"] < _HELD[1][0]["params"] * 0.51
     assert w1.keys() == w2.keys()
     changed = 0
     for name in w1:

@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import json
 import os
-from typing import Any, Dict, Iterator, List, Optional, Tuple, cast
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, cast
 
 import torch
 import torch.distributed as dist
@@ -48,6 +48,12 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
+def _local_bytes(tensors: Iterable[Optional[torch.Tensor]]) -> int:
+    """Bytes of this rank's part of each tensor (a DTensor's local shard)."""
+    local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors if t is not None]
+    return sum(t.numel() * t.element_size() for t in local)
+
+
 class FSDPEngine:
     def __init__(self, cfg: EngineConfig):
         if not dist.is_initialized():
@@ -79,6 +85,7 @@ class FSDPEngine:
         self.optimizer = None
         self.state = parts.TrainState()
         self._tokens = [0, 0, 0]  # this step's tokens: real, in the padded layout, computed (packing's count)
+        self._grad_bytes = 0  # this rank's gradients at the last optimizer step (freed right after it)
         if cfg.optim is not None:
             # LoRA: the frozen base has no gradients and no optimizer state
             self.optimizer = parts.adamw([p for p in model.parameters() if p.requires_grad], cfg.optim)
@@ -235,11 +242,21 @@ class FSDPEngine:
                 grad_norm=lambda: float(
                     _full(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip))
                 ),
-                update=lambda _: self.optimizer.step(),
+                update=lambda _: self._update(),
             )
         self.optimizer.zero_grad(set_to_none=True)
         layout = parts.layout_metrics(len(micro), *self._tokens)
         return {**acc.totals, **step, **layout}
+
+    def _update(self) -> None:
+        self._grad_bytes = _local_bytes(p.grad for p in self.model.parameters())
+        self.optimizer.step()
+
+    def held_bytes(self) -> Dict[str, int]:
+        """This rank's state counted from its tensors: parameters (local shards), gradients at the last optimizer
+        step, optimizer state (verl.memory_model estimates the same before launch)."""
+        optimizer = _local_bytes(optimizer_state_tensors(self.optimizer)) if self.optimizer is not None else 0
+        return {"params": _local_bytes(self.model.parameters()), "grads": self._grad_bytes, "optimizer": optimizer}
 
     @contextlib.contextmanager
     def gathered(self) -> Iterator[torch.nn.Module]:

@@ -141,6 +141,7 @@ def _check(recipe: str, overrides: Sequence[str], strict: bool, show_config: boo
     print(format_plan(plan) if plan is not None else "(no plan: the config has errors, listed below)")
     if show_config and plan is not None:
         problems += _print_models(cast(VerlConfig, cfg), plan)  # (the schema's DictConfig reads as its dataclass)
+        _print_memory(cast(VerlConfig, cfg), plan)
     _print_problems(problems, sys.stderr)
     return cfg, plan, EXIT_BAD_CONFIG if errors(problems) else EXIT_OK
 
@@ -177,6 +178,19 @@ def _print_models(cfg: VerlConfig, plan: Plan) -> List[ConfigProblem]:
         print("\n# model")
         print("\n".join(lines))
     return problems
+
+
+def _print_memory(cfg: VerlConfig, plan: Plan) -> None:
+    """The "# memory" section: each training role's state per rank (verl.memory_model), before anything starts."""
+    from verl.memory_model import state_lines
+
+    try:
+        lines = state_lines(cfg, plan)
+    except (ValueError, OSError, KeyError) as e:  # (a model transformers cannot build is the model section's problem)
+        lines = [f"not estimated: {e}"]
+    if lines:
+        print("\n# memory (per rank, between steps)")
+        print("\n".join(lines))
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

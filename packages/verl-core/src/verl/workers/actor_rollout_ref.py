@@ -279,6 +279,12 @@ class ActorRolloutRefWorker(Worker):
         self._need("actor").export_hf(path)
 
     @register(Dispatch.ONE_TO_ALL)
+    def held_bytes(self, role: str = "actor") -> Dict[str, int]:
+        """The role's state on this rank counted from its tensors (params, grads at the last step, optimizer):
+        what verl.memory_model estimates before launch."""
+        return self._need(role).held_bytes()
+
+    @register(Dispatch.ONE_TO_ALL)
     def actor_state(self) -> Dict[str, torch.Tensor]:
         """The actor's full parameters on CPU (rank 0's copy is complete): parity and resume tests compare these."""
         return {k: v.cpu().clone() for k, v in self._need("actor").weights()}

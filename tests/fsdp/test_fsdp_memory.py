@@ -1,0 +1,44 @@
+"""The memory model's state bytes for the FSDP engine equal what the engine holds, counted from its tensors: world
+of one here (a plain module), world of two over Ray in tests/e2e/test_fsdp_parity_ray.py."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoConfig
+
+from tests.support.engines import gloo_world_one, policy_batch  # noqa: F401
+from tests.support.fixtures import embedded_cache  # noqa: F401
+from verl.config.schema import OptimConfig
+from verl.engine_protocol import EngineConfig
+from verl.memory_model import fsdp_state_bytes, hf_parameter_shapes, shard_rows, trained_shapes
+
+
+def test_fsdp2_cuts_dim_0_as_torch_chunk_does():
+    assert [shard_rows(10, 4, r) for r in range(4)] == [3, 3, 3, 1]
+    assert [shard_rows(2, 4, r) for r in range(4)] == [1, 1, 0, 0]
+    assert [shard_rows(8, 2, r) for r in range(2)] == [4, 4]
+
+
+def _nll(out, mb):
+    mask = mb.batch["response_mask"]
+    loss = -(out["log_probs"] * mask).sum() / mask.sum()
+    return loss, {"nll": float(loss)}
+
+
+_nll.weight_by = "tokens"
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3-moe"])
+def test_fsdp_estimate_equals_the_engines_tensors(gloo_world_one, embedded_cache, model):  # noqa: F811
+    from verl.embedded.models import materialize_embedded_model
+    from verl_fsdp.engine import FSDPEngine
+
+    path = materialize_embedded_model(model, embedded_cache)
+    shapes = hf_parameter_shapes(AutoConfig.from_pretrained(path))
+    engine = FSDPEngine(EngineConfig(model_path=path, optim=OptimConfig(lr=1e-3), total_steps=2))
+    vocab = AutoConfig.from_pretrained(path).vocab_size
+    engine.train_step(policy_batch(4, 5, 3, vocab, old_log_prob=-2.0), _nll, micro_batch_size=2)
+    held = engine.held_bytes()
+    assert held == fsdp_state_bytes(trained_shapes(shapes, True), dp=1).as_dict()
+    reference = FSDPEngine(EngineConfig(model_path=path, total_steps=1))  # (no optimizer: the reference)
+    assert reference.held_bytes() == fsdp_state_bytes(trained_shapes(shapes, False), dp=1).as_dict()
