@@ -65,9 +65,8 @@ class Replay:
         self.recompute, self.recording = recompute, False
         self._current = 0  # the micro-batch the routers are running
         self._agree = torch.zeros(2, dtype=torch.float64)  # replayed passes: sum of agreement, tokens counted
-        self._counted: List[
-            torch.Tensor
-        ] = []  # replaying: per micro-batch [G*L] 1.0 where a real token was given routes
+        # replaying: per micro-batch [G*L], 1.0 where a real token was given routes (what the agreement counts)
+        self._counted: List[torch.Tensor] = []
         self._local: List[torch.Tensor] = []  # per micro-batch: flat index into its Rows of each token this rank routes
         self._source: List[torch.Tensor] = []  # per micro-batch: Rows.source
         self._pieces: List[torch.Tensor] = []  # recording: per micro-batch [G*L, layers, k], -1 where not this rank's
