@@ -42,3 +42,15 @@ def test_fsdp_estimate_equals_the_engines_tensors(gloo_world_one, embedded_cache
     assert held == fsdp_state_bytes(trained_shapes(shapes, True), dp=1).as_dict()
     reference = FSDPEngine(EngineConfig(model_path=path, total_steps=1))  # (no optimizer: the reference)
     assert reference.held_bytes() == fsdp_state_bytes(trained_shapes(shapes, False), dp=1).as_dict()
+
+
+def test_the_critics_parameters_are_the_trunk_with_a_one_number_head(gloo_world_one, embedded_cache):  # noqa: F811
+    from verl.embedded.models import materialize_embedded_model
+    from verl_fsdp.engine import FSDPEngine
+
+    path = materialize_embedded_model("tiny-llama", embedded_cache)
+    shapes = hf_parameter_shapes(AutoConfig.from_pretrained(path), kind="value")
+    critic = FSDPEngine(EngineConfig(model_path=path, kind="value", total_steps=1))
+    assert critic.held_bytes()["params"] == fsdp_state_bytes(trained_shapes(shapes, False), dp=1).params
+    head = [shape for name, shape in shapes if name.startswith("score.")]  # (the value head)
+    assert head[0] == (1, AutoConfig.from_pretrained(path).hidden_size)

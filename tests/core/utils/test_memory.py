@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+import time
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="th
 
 def _touch(mib: int) -> None:
     t = torch.ones(mib * 2**20 // 4)  # written, so resident
+    time.sleep(0.05)  # held for ten sampling intervals, as a phase's tensors are (a shorter spike can be missed)
     del t
 
 

@@ -10,6 +10,7 @@ parameter and a 4-byte step counter per trained tensor. `TrainEngine.held_bytes(
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Iterable, List, Sequence, Tuple
 
@@ -62,9 +63,11 @@ def hf_parameter_shapes(hf_config: Any, kind: str = "causal_lm") -> List[Tuple[s
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
     cls = AutoModelForCausalLM if kind == "causal_lm" else AutoModelForTokenClassification
-    extra = {} if kind == "causal_lm" else {"num_labels": 1}
+    if kind == "value":  # (the critic: the trunk with a one-number head, as the FSDP engine builds it)
+        hf_config = copy.deepcopy(hf_config)
+        hf_config.num_labels = 1
     with torch.device("meta"):
-        model = cls.from_config(hf_config, **extra)
+        model = cls.from_config(hf_config)
     return [(name, tuple(p.shape)) for name, p in model.named_parameters()]
 
 
