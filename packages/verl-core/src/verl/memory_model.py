@@ -11,6 +11,7 @@ parameter and a 4-byte step counter per trained tensor. `TrainEngine.held_bytes(
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 from typing import Any, Iterable, List, Sequence, Tuple
 
@@ -46,9 +47,7 @@ def fsdp_state_bytes(shapes: Iterable[Tuple[Tuple[int, ...], bool]], dp: int, ra
     no optimizer (trained=False everywhere): the reference."""
     params = grads = optimizer = 0
     for shape, trained in shapes:
-        local = shard_rows(shape[0], dp, rank) if shape else (1 if rank == 0 or dp == 1 else 0)
-        for d in shape[1:]:
-            local *= d
+        local = (shard_rows(shape[0], dp, rank) if shape else 1) * math.prod(shape[1:])
         params += local * FP32
         if trained:
             grads += local * FP32
@@ -79,16 +78,15 @@ def size_text(n: int) -> str:
     return f"{n} B"
 
 
-def format_state(role: str, backend: str, dp: int, state: StateBytes, trained: bool) -> List[str]:
-    """The plan's lines for one role's state on its largest rank."""
-    gib = size_text
+def format_state(role: str, backend: str, dp: int, state: StateBytes, trained: bool) -> str:
+    """The plan's line for one role's state on its largest rank."""
     what = (
-        f"parameters {gib(state.params)}, gradients {gib(state.grads)}, optimizer {gib(state.optimizer)} "
-        "(fp32 master weights, fp32 gradients, AdamW's two fp32 moments)"
+        f"parameters {size_text(state.params)}, gradients {size_text(state.grads)}, optimizer "
+        f"{size_text(state.optimizer)} (fp32 master weights, fp32 gradients, AdamW's two fp32 moments)"
         if trained
-        else f"parameters {gib(state.params)} (no gradients or optimizer: it does not train)"
+        else f"parameters {size_text(state.params)} (no gradients or optimizer: it does not train)"
     )
-    return [f"{role} ({backend}, rank 0 of {dp} data-parallel): {what}; {gib(state.total)} in all"]
+    return f"{role} ({backend}, rank 0 of {dp} data-parallel): {what}; {size_text(state.total)} in all"
 
 
 def trained_shapes(shapes: Sequence[Tuple[str, Tuple[int, ...]]], trained: bool) -> List[Tuple[Tuple[int, ...], bool]]:
@@ -125,5 +123,5 @@ def state_lines(cfg: Any, plan: Any) -> List[str]:
             continue
         shapes = trained_shapes(hf_parameter_shapes(AutoConfig.from_pretrained(folder), kind), trains)
         dp = int(rp.layout.dp)
-        lines += format_state(role, "fsdp", dp, fsdp_state_bytes(shapes, dp), trains)
+        lines.append(format_state(role, "fsdp", dp, fsdp_state_bytes(shapes, dp), trains))
     return lines

@@ -325,10 +325,7 @@ class MegatronEngine:
         packed = [rank_inputs(rows, self.layout, self.device) for rows in layouts]
         n = len(micro)
         if replay is not None:
-            if replay.recording:
-                replay.begin(layouts)
-            else:
-                replay.begin(layouts, [mb.batch[ROUTES] for mb in micro], [mb.batch["attention_mask"] for mb in micro])
+            replay.begin(micro, layouts)
 
         def forward_step(data_iterator, model):
             i, mb = next(data_iterator)
@@ -401,7 +398,7 @@ class MegatronEngine:
         outs: List[Dict[str, torch.Tensor]] = []
         if routes and replay:
             raise ValueError("a pass records its routes or replays given ones, not both")
-        record = self._replay().record() if routes else self._replay() if replay else None
+        router_replay = self._replay().record() if routes else self._replay() if replay else None
 
         def keep(outputs: Dict[str, torch.Tensor], mb: DataProto, i: int) -> None:
             outs.append({k: v.detach().cpu() for k, v in outputs.items()})
@@ -414,11 +411,11 @@ class MegatronEngine:
                 temperature=temperature,
                 entropy=entropy,
                 on_outputs=keep,
-                replay=record,
+                replay=router_replay,
             )
         merged = self._from_last_stage({k: torch.cat([o[k] for o in outs]) for k in outs[0]} if outs else None)
         if routes:  # (every stage and tensor/context rank recorded a part: put together on all)
-            merged[ROUTES] = torch.cat(record.collected(self.device))
+            merged[ROUTES] = torch.cat(router_replay.collected())
         return DataProto.from_dict(merged)
 
     # ---- training --------------------------------------------------------------------------------------
@@ -455,7 +452,7 @@ class MegatronEngine:
         layout = parts.layout_metrics(len(micro), *self._tokens)
         moe = self.router_load.take(self.device, len(micro), replay is not None) if self.router_load is not None else {}
         if replay is not None:  # (how many given experts the router would have chosen itself)
-            moe.update(replay.agreement(self.device))
+            moe.update(replay.agreement())
         return {**self._from_last_stage(acc.totals), **step, **layout, **moe}
 
     def _replay(self) -> Replay:

@@ -53,6 +53,7 @@ class Replay:
             raise ValueError("routing replay replays a mixture of experts' routes, and this model has no router")
         place = {n: i for i, (n, _) in enumerate(every)}
         self.layers, self.topk, self.layout = len(every), every[0][1], layout
+        self.device = next(p for chunk in chunks for p in chunk.parameters()).device
         # id(chunk) -> [(its place among routed layers, megatron's RouterReplay)]
         self.chunks: Dict[int, List[Tuple[int, Any]]] = {
             id(chunk): [(place[int(r.layer_number)], r.router_replay) for r in rs]
@@ -64,13 +65,16 @@ class Replay:
             router.register_forward_hook(self._agreement)
         self.recompute, self.recording = recompute, False
         self._current = 0  # the micro-batch the routers are running
-        self._agree = torch.zeros(2, dtype=torch.float64)  # replayed passes: sum of agreement, tokens counted
-        # replaying: per micro-batch [G*L], 1.0 where a real token was given routes (what the agreement counts)
+        # replayed passes: sum of agreement, tokens counted (on the device: no host sync per router call)
+        self._agree = torch.zeros(2, dtype=torch.float64, device=self.device)
+        # Per micro-batch, on the device: the flat index into its Rows of each token this rank routes (megatron's
+        # order); replaying, those tokens' experts [tokens, layers, k] and 1.0 where a real token was given routes
+        # (what the agreement counts); recording, [G*L, layers, k] with -1 where not this rank's.
+        self._local: List[torch.Tensor] = []
+        self._targets: List[torch.Tensor] = []
         self._counted: List[torch.Tensor] = []
-        self._local: List[torch.Tensor] = []  # per micro-batch: flat index into its Rows of each token this rank routes
-        self._source: List[torch.Tensor] = []  # per micro-batch: Rows.source
-        self._pieces: List[torch.Tensor] = []  # recording: per micro-batch [G*L, layers, k], -1 where not this rank's
-        self._targets: List[torch.Tensor] = []  # replaying: per micro-batch [G*L, layers, k] routes of every token
+        self._pieces: List[torch.Tensor] = []
+        self._source: List[torch.Tensor] = []  # per micro-batch: Rows.source (on the host)
 
     # ---- a pass ----------------------------------------------------------------------------------------------
     def record(self) -> "Replay":
@@ -78,30 +82,23 @@ class Replay:
         self.recording = True
         return self
 
-    def begin(
-        self,
-        layouts: Sequence[Rows],
-        routes: Optional[Sequence[torch.Tensor]] = None,
-        masks: Optional[Sequence[torch.Tensor]] = None,
-    ) -> None:
-        """A pass over micro-batches laid out as `layouts`; replaying: each micro-batch's column (`routes`) and
-        attention mask (`masks`: routing agreement counts real tokens)."""
-        self._local = [self._tokens_here(rows) for rows in layouts]
+    def begin(self, micro: Sequence[Any], layouts: Sequence[Rows]) -> None:
+        """A pass over the micro-batches `micro` (DataProto; replaying, each holds the routes column) laid out as
+        `layouts`."""
+        local = [self._tokens_here(rows) for rows in layouts]
+        self._local = [idx.to(self.device) for idx in local]
         self._source = [_source(rows) for rows in layouts]
         if self.recording:
-            self._pieces = [
-                torch.full((rows.input_ids.numel(), self.layers, self.topk), -1, dtype=torch.long) for rows in layouts
-            ]
+            shape = (self.layers, self.topk)
+            self._pieces = [torch.full((r.input_ids.numel(), *shape), -1, device=self.device) for r in layouts]
             return
-        if routes is None or len(routes) != len(layouts):
-            raise ValueError(f"replay needs the {ROUTES} column of every micro-batch")
-        self._targets = [self._packed_targets(r, src, rows) for r, src, rows in zip(routes, self._source, layouts)]
-        masks = masks if masks is not None else [torch.ones(src.shape) for src in self._source]
-        self._counted = []
-        for r, m, src, rows in zip(routes, masks, self._source, layouts):
-            first = _first_positions(src, rows.input_ids.numel())
-            real = ((r >= 0).all(-1).all(-1) & m.bool().cpu()).flatten().double()
-            self._counted.append(torch.where(first >= 0, real[first.clamp(min=0)], 0.0))
+        self._targets, self._counted = [], []
+        for mb, rows, source, here in zip(micro, layouts, self._source, local):
+            routes = mb.batch[ROUTES].cpu()
+            first = _first_positions(source, rows.input_ids.numel())  # (the batch position each token computes)
+            self._targets.append(self._packed_targets(routes, source, first)[here].to(self.device))
+            real = ((routes >= 0).all(-1).all(-1) & mb.batch["attention_mask"].bool().cpu()).flatten().double()
+            self._counted.append(torch.where(first >= 0, real[first.clamp(min=0)], 0.0)[here].to(self.device))
 
     def before(self, chunk: torch.nn.Module, i: int) -> None:
         """Called just before `chunk` runs micro-batch i: its routers record, or are given their experts."""
@@ -112,9 +109,8 @@ class Replay:
             if self.recording:
                 replay.set_router_replay_action(RouterReplayAction.RECORD)
                 continue
-            target = self._targets[i][self._local[i], layer]
-            device = next(chunk.parameters()).device
-            replay.set_target_indices(target.to(device=device))  # (also queued for a recompute in backward)
+            # (also queued for a recompute in backward)
+            replay.set_target_indices(self._targets[i][:, layer].contiguous())
             replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
 
     def after(self, chunk: torch.nn.Module, i: int) -> None:
@@ -122,16 +118,15 @@ class Replay:
         if not self.recording:
             return
         for layer, replay in self.chunks[id(chunk)]:
-            got = replay.get_recorded_indices()
-            self._pieces[i][self._local[i], layer] = got.to(device="cpu", dtype=torch.long)
+            self._pieces[i][self._local[i], layer] = replay.get_recorded_indices().to(torch.long)
 
-    def collected(self, device: torch.device) -> List[torch.Tensor]:
+    def collected(self) -> List[torch.Tensor]:
         """Each micro-batch's recorded column [B, S, layers, k] (int16), put together over the tensor, context and
         pipeline groups. Collective over those groups."""
         from megatron.core import parallel_state as mpu
 
         sizes = [p.shape[0] for p in self._pieces]
-        whole = torch.cat(self._pieces).to(device)
+        whole = torch.cat(self._pieces)
         for group in (mpu.get_tensor_and_context_parallel_group(), mpu.get_pipeline_model_parallel_group()):
             if dist.get_world_size(group) > 1:  # (each token of each layer is recorded on exactly one rank)
                 dist.all_reduce(whole, op=dist.ReduceOp.MAX, group=group)
@@ -142,12 +137,11 @@ class Replay:
             out.append(routes.to(torch.int16))
         return out
 
-    def agreement(self, device: torch.device) -> Dict[str, float]:
+    def agreement(self) -> Dict[str, float]:
         """moe/routing_agreement: over the real tokens of the replayed passes since the last call, the share of
         the given experts the router would have chosen itself (1: it routes as the recording pass did; under r3,
         the rollout). Collective over every rank."""
-        total = self._agree.to(device)
-        self._agree = torch.zeros(2, dtype=torch.float64)
+        total, self._agree = self._agree, torch.zeros_like(self._agree)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(total)
         return {"moe/routing_agreement": float(total[0] / total[1])} if float(total[1]) > 0 else {}
@@ -163,8 +157,8 @@ class Replay:
             x = inputs[0].reshape(-1, inputs[0].shape[-1])
             own = torch.nn.functional.linear(x.float(), router.weight.float()).topk(router.topk, dim=-1).indices
             shared = output[1].gather(1, own).sum(1).double() / router.topk  # routing_map [tokens, experts]
-            weight = self._counted[self._current][self._local[self._current]].to(shared.device)
-            self._agree += torch.stack([(shared * weight).sum(), weight.sum()]).cpu()
+            weight = self._counted[self._current]
+            self._agree += torch.stack([(shared * weight).sum(), weight.sum()])
 
     def off(self) -> None:
         """Route as the routers choose again; forget what was recorded or given."""
@@ -172,7 +166,7 @@ class Replay:
         for _, replay in (x for xs in self.chunks.values() for x in xs):
             replay.clear_indices()
             replay.clear_router_replay_action()
-        self._targets, self._local, self._counted = [], [], []
+        self._targets, self._local, self._counted = [], [], []  # (recorded pieces stay for `collected`)
 
     # ---- where tokens are -----------------------------------------------------------------------------------
     def _tokens_here(self, rows: Rows) -> torch.Tensor:
@@ -188,10 +182,11 @@ class Replay:
             grid = grid[:, lay.tp_rank * n : (lay.tp_rank + 1) * n]
         return grid.t().reshape(-1)
 
-    def _packed_targets(self, routes: torch.Tensor, source: torch.Tensor, rows: Rows) -> torch.Tensor:
-        """[G*L, layers, k] experts for every token of `rows`, from the batch column `routes` [B, S, layers, k]: a
-        token several batch positions share (a packed prompt) takes the first one's; tokens computing no batch
-        position (padding), or given -1, take experts 0..k-1."""
+    def _packed_targets(self, routes: torch.Tensor, source: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        """[G*L, layers, k] experts for every token of a micro-batch's rows (`first`: the batch position each one
+        computes, `_first_positions`), from the batch column `routes` [B, S, layers, k]: a token several batch
+        positions share (a packed prompt) takes the first one's; tokens computing no batch position (padding), or
+        given -1, take experts 0..k-1."""
         k, layers = self.topk, self.layers
         want = (*source.shape, layers, k)
         if tuple(routes.shape) != want:
@@ -199,7 +194,6 @@ class Replay:
                 f"{ROUTES} has shape {tuple(routes.shape)}; this micro-batch needs {want}: rows x positions x "
                 "routed layers x top-k"
             )
-        first = _first_positions(source, rows.input_ids.numel())
         targets = torch.full((len(first), layers, k), -1, dtype=torch.long)
         have = first >= 0
         targets[have] = routes.reshape(-1, layers, k)[first[have]].long()

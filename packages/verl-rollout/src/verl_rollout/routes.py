@@ -47,7 +47,8 @@ class RouteRecorder:
                 h.remove()
 
     def _keep(self, module: torch.nn.Module, inputs, output) -> None:
-        self.calls.append(output[2].detach().to(device="cpu", dtype=torch.int16))  # [tokens, k]
+        # [tokens, k], kept where it was computed: one copy to the host at the end, not a sync per router call
+        self.calls.append(output[2].detach().to(torch.int16))
 
     def routes(self, rows: int, width: int, prefill_rows: Optional[int] = None, n: int = 1) -> torch.Tensor:
         """[rows, width, layers, k]: the recorded forwards placed one after another along each row. prefill_rows:
@@ -55,7 +56,8 @@ class RouteRecorder:
         layers = len(self.routers)
         if len(self.calls) % layers:
             raise RuntimeError(f"{len(self.calls)} router calls is not whole forwards of {layers} routed layers")
-        forwards = [torch.stack(self.calls[i : i + layers], dim=1) for i in range(0, len(self.calls), layers)]
+        calls = torch.cat(self.calls).cpu().split([c.shape[0] for c in self.calls]) if self.calls else []
+        forwards = [torch.stack(calls[i : i + layers], dim=1) for i in range(0, len(calls), layers)]
         k = forwards[0].shape[-1] if forwards else 0
         out = torch.full((rows, width, layers, k), -1, dtype=torch.int16)
         at = 0
@@ -78,16 +80,16 @@ def place_routes(
     """[rows, prompt_width + width, layers, k] from each sample's routes over its own tokens ([tokens, layers, k]:
     its unpadded prompt, then what it generated), placed where the batch holds those tokens (prompts left-padded to
     `prompt_width`); -1 elsewhere."""
-    known = [r for r in per_sample if r is not None]
-    if len(known) != len(per_sample):
+    missing = sum(r is None for r in per_sample)
+    if missing:
         raise RuntimeError(
-            f"{len(per_sample) - len(known)} of {len(per_sample)} samples came back without their routed experts "
-            "(the engine was not started to return them)"
+            f"{missing} of {len(per_sample)} samples came back without their routed experts (the engine was not "
+            "started to return them)"
         )
-    layers, k = known[0].shape[1:] if known else (0, 0)
+    layers, k = per_sample[0].shape[1:] if per_sample and per_sample[0] is not None else (0, 0)
     out = torch.full((len(per_sample), prompt_width + width, layers, k), -1, dtype=torch.int16)
-    for row, (routes, plen) in enumerate(zip(known, prompt_lengths)):
+    for row, (routes, plen) in enumerate(zip(per_sample, prompt_lengths)):
         start = prompt_width - plen
         take = min(routes.shape[0], out.shape[1] - start)
-        out[row, start : start + take] = torch.from_numpy(np.asarray(routes[:take])).to(torch.int16)
+        out[row, start : start + take] = torch.from_numpy(np.asarray(routes)[:take]).to(torch.int16)
     return out
