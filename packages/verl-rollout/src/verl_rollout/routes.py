@@ -13,9 +13,8 @@ last generated token (it predicts nothing, so it is never fed) or the response's
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, List, Optional
+from typing import Any, Iterator, List, Optional
 
-import numpy as np
 import torch
 
 
@@ -75,11 +74,11 @@ class RouteRecorder:
 
 
 def place_routes(
-    per_sample: List[Optional[np.ndarray]], prompt_lengths: List[int], prompt_width: int, width: int
+    per_sample: List[Optional[Any]], prompt_lengths: List[int], prompt_width: int, width: int
 ) -> torch.Tensor:
     """[rows, prompt_width + width, layers, k] from each sample's routes over its own tokens ([tokens, layers, k]:
     its unpadded prompt, then what it generated), placed where the batch holds those tokens (prompts left-padded to
-    `prompt_width`); -1 elsewhere."""
+    `prompt_width`); -1 elsewhere. A sample's routes are any array torch takes (vLLM gives numpy)."""
     missing = sum(r is None for r in per_sample)
     if missing:
         raise RuntimeError(
@@ -91,5 +90,5 @@ def place_routes(
     for row, (routes, plen) in enumerate(zip(per_sample, prompt_lengths)):
         start = prompt_width - plen
         take = min(routes.shape[0], out.shape[1] - start)
-        out[row, start : start + take] = torch.from_numpy(np.asarray(routes)[:take]).to(torch.int16)
+        out[row, start : start + take] = torch.as_tensor(routes[:take]).to(torch.int16)
     return out
