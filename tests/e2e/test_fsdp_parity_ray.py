@@ -17,11 +17,11 @@ from verl.cli import main
 from verl.config.plan import build_plan
 from verl.controller import make_worker_group, pools_from_plan
 from verl.embedded.models import materialize_embedded_model
-from verl.memory_model import fsdp_state_bytes, hf_parameter_shapes, trained_shapes
 from verl.protocol import DataProto
 from verl.utils.shared_prefix import pack_shared_prefixes
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from verl_fsdp import backends, export  # noqa: F401  (what `verl export` discovers and runs)
+from verl_fsdp.memory_model import fsdp_state_bytes, hf_parameter_shapes, trained_shapes
 
 pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
 

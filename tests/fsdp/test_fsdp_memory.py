@@ -10,7 +10,7 @@ from tests.support.engines import gloo_world_one, policy_batch  # noqa: F401
 from tests.support.fixtures import embedded_cache  # noqa: F401
 from verl.config.schema import OptimConfig
 from verl.engine_protocol import EngineConfig
-from verl.memory_model import fsdp_state_bytes, hf_parameter_shapes, shard_rows, trained_shapes
+from verl_fsdp.memory_model import fsdp_state_bytes, hf_parameter_shapes, shard_rows, trained_shapes
 
 
 def test_fsdp2_cuts_dim_0_as_torch_chunk_does():
@@ -52,5 +52,28 @@ def test_the_critics_parameters_are_the_trunk_with_a_one_number_head(gloo_world_
     shapes = hf_parameter_shapes(AutoConfig.from_pretrained(path), kind="value")
     critic = FSDPEngine(EngineConfig(model_path=path, kind="value", total_steps=1))
     assert critic.held_bytes()["params"] == fsdp_state_bytes(trained_shapes(shapes, False), dp=1).params
-    head = [shape for name, shape in shapes if name.startswith("score.")]  # (the value head)
+    head = [shape for name, shape, _ in shapes if name.startswith("score.")]  # (the value head)
     assert head[0] == (1, AutoConfig.from_pretrained(path).hidden_size)
+
+
+@pytest.mark.parametrize("kind", ["causal_lm", "value"])
+def test_lora_trains_the_adapters_alone(gloo_world_one, embedded_cache, kind):  # noqa: F811
+    """LoRA: the frozen base keeps its fp32 weights and nothing else; the adapters (and a value model's head,
+    trained in full) have gradients and AdamW state. The estimate builds the same peft model on the meta device."""
+    from verl.config.schema import LoraConfig
+    from verl.embedded.models import materialize_embedded_model
+    from verl_fsdp.engine import FSDPEngine
+    from verl_fsdp.memory_model import state_bytes
+
+    path = materialize_embedded_model("tiny-llama", embedded_cache)
+    hf = AutoConfig.from_pretrained(path)
+    lora = LoraConfig(rank=4, alpha=8)
+    engine = FSDPEngine(EngineConfig(model_path=path, kind=kind, optim=OptimConfig(lr=1e-3), total_steps=2, lora=lora))
+    (estimate,) = state_bytes(hf, {"dp": 1}, kind=kind, lora=lora)
+    (full,) = state_bytes(hf, {"dp": 1}, kind=kind)
+    assert 0 < estimate.grads < full.grads / 10 and estimate.params > full.params  # (adapters on a frozen base)
+    if kind == "causal_lm":
+        engine.train_step(policy_batch(4, 5, 3, hf.vocab_size, old_log_prob=-2.0), _nll, micro_batch_size=2)
+        assert engine.held_bytes() == estimate.as_dict()
+    else:
+        assert engine.held_bytes()["params"] == estimate.params

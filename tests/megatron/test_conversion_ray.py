@@ -201,6 +201,21 @@ def test_pp2_token_budget_micro_batches_take_the_whole_batchs_step(workers, mode
                 torch.testing.assert_close(weights[1][key], tensor, rtol=0, atol=1e-6, msg=key)
 
 
+@pytest.mark.parametrize("parallel", [{"pp": 2}, {"pp": 2, "vpp": 2}], ids=["pp2", "pp2-vpp2"])
+def test_a_pipeline_tied_embedding_holds_what_the_memory_model_estimates(workers, models, parallel):
+    """The tied embedding / output weight is on both end stages, each in a DDP bucket of its own (megatron's
+    shared_embedding): every stage holds its estimated parameters, gradients and optimizer state to the byte."""
+    from transformers import AutoConfig
+
+    from verl_megatron.memory_model import state_bytes
+
+    estimate = state_bytes(AutoConfig.from_pretrained(models["qwen2"]), parallel, dtype=torch.float32)
+    with workers(parallel) as group:
+        group.call("load", "qwen2", models["qwen2"], OptimConfig(lr=1e-3))
+        group.call("train", "qwen2", parity_batch(vocab=37))
+        assert group.call("held_bytes", "qwen2") == [e.as_dict() for e in estimate]
+
+
 def test_pp2_cp2_log_probs_and_critic_values_match_hf(workers, models, tmp_path):
     """Context parallelism across pipeline stages: the actor's log-probs and a critic's values (its fresh head
     exported with the model) equal the HF model's."""

@@ -9,12 +9,14 @@ lr * g / eps, linear in the gradient: with the usual eps=1e-8 the first step is 
 rounding difference on a near-zero gradient into a 1e-5 weight difference and would hide a real error among them.
 Updates are ~1e-3; measured differences are <= 7.5e-9. A context-parallel gradient off by the factor cp (each
 rank's share is summed over the group, then averaged over dp*cp) would move weights by 2x and fail here.
+Every layout's ranks also hold the state verl_megatron.memory_model estimates, to the byte.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoConfig
 
 from tests.support.engines import policy_batch
 from tests.support.run_configs import tiny_config
@@ -23,6 +25,7 @@ from verl.controller import make_worker_group, pools_from_plan
 from verl.embedded.models import materialize_embedded_model
 from verl.protocol import DataProto
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
+from verl_megatron.memory_model import state_bytes
 
 pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
 
@@ -65,10 +68,21 @@ def _step(model_path: str, tmp, name: str, devices: int, *overrides: str):
         group.call("init_model")
         metrics = group.call("update_actor", _batch(vocab=83))
         states = group.call("actor_state")
+        held = group.call("held_bytes")
     finally:
         group.shutdown()
         pool.remove()
+    _assert_estimate(held, model_path, plan.layout("actor"))
     return metrics, states
+
+
+def _assert_estimate(held, model_path: str, layout) -> None:
+    """Each pipeline stage's largest rank holds what verl_megatron.memory_model estimates, to the byte."""
+    stages = state_bytes(AutoConfig.from_pretrained(model_path), layout.sizes(), dtype=torch.float32)
+    per_stage = layout.world // layout.pp
+    for stage, estimate in enumerate(stages):
+        ranks = held[stage * per_stage : (stage + 1) * per_stage]
+        assert max(ranks, key=lambda h: sum(h.values())) == estimate.as_dict(), (stage, ranks, estimate)
 
 
 @pytest.fixture(scope="module")

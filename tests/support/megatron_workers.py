@@ -288,6 +288,10 @@ class EngineWorker(Worker):
         self.engines[name].save_checkpoint(path)
 
     @register(Dispatch.ONE_TO_ALL)
+    def held_bytes(self, name: str) -> Dict[str, int]:
+        return self.engines[name].held_bytes()
+
+    @register(Dispatch.ONE_TO_ALL)
     def sync_stats(self, name: str) -> Dict[str, int]:
         stats = self.engines[name].last_sync
         return {"received_bytes": stats.received_bytes, "tensors": stats.tensors}

@@ -34,6 +34,9 @@ class BackendSpec:
     model_info: Optional[str] = None  # (model_path, parallel: dict, kind) -> lines describing the built model
     # (checkpoint_dir, out_dir, *, model_path=None) -> writes a Hugging Face folder; model_path: a moved base model
     exporter: Optional[str] = None
+    # (hf_config, parallel: dict, *, kind, trains, dtype) -> [verl.memory_model.StateBytes on the largest rank of
+    # each pipeline stage]: the role's parameters, gradients and optimizer state as the engine lays them out
+    memory_model: Optional[str] = None
 
     def missing_requirements(self) -> List[str]:
         return [m for m in self.requires if not _module_available(m)]

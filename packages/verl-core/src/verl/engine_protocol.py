@@ -178,6 +178,10 @@ class TrainEngine(Protocol):
     def export_hf(self, path: str) -> None:
         """Write a Hugging Face folder (safetensors, config, tokenizer); collective, rank 0 writes."""
 
+    def held_bytes(self) -> Dict[str, int]:
+        """This rank's state counted from its tensors: {"params", "grads", "optimizer"} in bytes (the backend's
+        memory model estimates the same before launch)."""
+
     def release_memory(self) -> None:
         """Send the parameters to host memory when `param_offload` asks (the next call that needs them brings them
         back) and return cached device blocks, so another phase on these devices (generation) gets the memory."""

@@ -1,19 +1,13 @@
 """What a training role's state holds on one rank, before anything starts: its parameters, gradients and optimizer
-state in bytes, worked out from the model's parameter shapes and the role's layout as the engine stores them.
-
-The FSDP engine keeps fp32 master weights (mixed precision casts a compute copy per layer while it runs), sharded
-by FSDP2 over the role's data-parallel ranks: each parameter's dim 0 cut into `dp` chunks (torch.chunk's sizes, so
-rank 0 holds the largest); gradients are sharded alike in fp32; torch's AdamW keeps two fp32 moments per trained
-parameter and a 4-byte step counter per trained tensor. `TrainEngine.held_bytes()` counts the same from the tensors
-(tested equal).
+state in bytes, as its engine lays them out. Each train backend says how (`BackendSpec.memory_model`:
+verl_fsdp.memory_model, verl_megatron.memory_model); this module holds what they share and the plan's section.
 """
 
 from __future__ import annotations
 
-import copy
-import math
+import warnings
 from dataclasses import dataclass
-from typing import Any, Iterable, List, Sequence, Tuple
+from typing import Any, List
 
 GIB = 2**30
 FP32 = 4
@@ -36,40 +30,6 @@ class StateBytes:
         return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer}
 
 
-def shard_rows(rows: int, parts: int, rank: int = 0) -> int:
-    """Rows of dim 0 that rank `rank` of `parts` holds when FSDP2 cuts it (torch.chunk: ceil-sized pieces)."""
-    size = -(-rows // parts)
-    return max(0, min(size, rows - rank * size))
-
-
-def fsdp_state_bytes(shapes: Iterable[Tuple[Tuple[int, ...], bool]], dp: int, rank: int = 0) -> StateBytes:
-    """The FSDP engine's state on data-parallel rank `rank` of `dp`, from (shape, trained) per parameter tensor;
-    no optimizer (trained=False everywhere): the reference."""
-    params = grads = optimizer = 0
-    for shape, trained in shapes:
-        local = (shard_rows(shape[0], dp, rank) if shape else 1) * math.prod(shape[1:])
-        params += local * FP32
-        if trained:
-            grads += local * FP32
-            optimizer += 2 * local * FP32 + ADAM_STEP_BYTES
-    return StateBytes(params, grads, optimizer)
-
-
-def hf_parameter_shapes(hf_config: Any, kind: str = "causal_lm") -> List[Tuple[str, Tuple[int, ...]]]:
-    """(name, shape) of every parameter of the Hugging Face model `hf_config` describes, built on the meta device
-    (no memory): what the FSDP engine loads. A tied output head is one tensor."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
-
-    cls = AutoModelForCausalLM if kind == "causal_lm" else AutoModelForTokenClassification
-    if kind == "value":  # (the critic: the trunk with a one-number head, as the FSDP engine builds it)
-        hf_config = copy.deepcopy(hf_config)
-        hf_config.num_labels = 1
-    with torch.device("meta"):
-        model = cls.from_config(hf_config)
-    return [(name, tuple(p.shape)) for name, p in model.named_parameters()]
-
-
 def size_text(n: int) -> str:
     """Bytes in the largest binary unit that keeps a whole number in front: 2.004 GiB, 21.3 KiB."""
     for unit, size in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
@@ -78,50 +38,74 @@ def size_text(n: int) -> str:
     return f"{n} B"
 
 
-def format_state(role: str, backend: str, dp: int, state: StateBytes, trained: bool) -> str:
-    """The plan's line for one role's state on its largest rank."""
+def format_state(role: str, where: str, state: StateBytes, trained: bool) -> str:
+    """The plan's line for one role's state on its largest rank (`where`: the backend and the rank)."""
     what = (
         f"parameters {size_text(state.params)}, gradients {size_text(state.grads)}, optimizer "
-        f"{size_text(state.optimizer)} (fp32 master weights, fp32 gradients, AdamW's two fp32 moments)"
+        f"{size_text(state.optimizer)}"
         if trained
         else f"parameters {size_text(state.params)} (no gradients or optimizer: it does not train)"
     )
-    return f"{role} ({backend}, rank 0 of {dp} data-parallel): {what}; {size_text(state.total)} in all"
-
-
-def trained_shapes(shapes: Sequence[Tuple[str, Tuple[int, ...]]], trained: bool) -> List[Tuple[Tuple[int, ...], bool]]:
-    """(shape, trained) per tensor: every parameter trains, or none does."""
-    return [(shape, trained) for _, shape in shapes]
+    return f"{role} ({where}): {what}; {size_text(state.total)} in all"
 
 
 STATE_ROLES = (("actor", "causal_lm", True), ("critic", "value", True), ("ref", "causal_lm", False))
+HOW = {  # (what the numbers are made of, said once per backend)
+    "fsdp": "fsdp: fp32 master weights and gradients sharded over data-parallel ranks, AdamW's two fp32 moments",
+    "megatron": "megatron: weights in the model dtype and fp32 gradients in DDP's padded buffers; the distributed "
+    "optimizer's slice of fp32 main weights (bf16 models) and AdamW's two fp32 moments",
+}
+
+
+def lora_of(cfg: Any, role: str) -> Any:
+    """The role's verl.config.schema.LoraConfig when it trains adapters, else None (the reference: none)."""
+    from verl.workers.build_engines import role_lora
+
+    return role_lora(cfg.critic if role == "critic" else cfg.actor) if role != "ref" else None
 
 
 def state_lines(cfg: Any, plan: Any) -> List[str]:
-    """The "# memory" section of `verl validate` / `--dry-run`: each FSDP role's state on its largest rank, for a
-    model whose config.json is here; what is not estimated yet says so."""
+    """The "# memory" section of `verl validate` / `--dry-run`: each training role's state on the largest rank of
+    each pipeline stage, for a model whose config.json is here; what is not estimated says so."""
+    import torch
     from transformers import AutoConfig
 
+    from verl.backends import installed_backends
+    from verl.engine_protocol import DTYPES
     from verl.model_source import local_model_folder
 
+    installed = installed_backends()
+    dtype = torch.float32 if plan.device == "cpu" else DTYPES[str(cfg.model.dtype)]
     lines: List[str] = []
+    backends = []
     for role, kind, trains in STATE_ROLES:
         if not plan.has(role) or (role == "ref" and plan.ref_from_actor):
             continue
         rp = plan.role(role)
         path = str(rp.model_path or cfg.model.path)
-        if rp.backend != "fsdp":
-            lines.append(f"{role} ({rp.backend}): its state is not estimated yet (the FSDP engine's is)")
+        spec = installed.get(rp.backend)
+        if spec is None or not spec.memory_model or spec.missing_requirements():
+            lines.append(f"{role} ({rp.backend}): not estimated (the backend is not installed here)")
             continue
-        section = cfg.critic if role == "critic" else cfg.actor
-        if role != "ref" and int(section.lora.rank or 0) > 0:
-            lines.append(f"{role} (fsdp, LoRA): its state is not estimated yet (full training's is)")
-            continue
+        lora = lora_of(cfg, role)
         folder = local_model_folder(path)
         if folder is None:
             lines.append(f"{role}: {path} is built, converted or downloaded at run time; its state is not estimated")
             continue
-        shapes = trained_shapes(hf_parameter_shapes(AutoConfig.from_pretrained(folder), kind), trains)
-        dp = int(rp.layout.dp)
-        lines.append(format_state(role, "fsdp", dp, fsdp_state_bytes(shapes, dp), trains))
-    return lines
+        sizes = rp.layout.sizes()
+        estimate = spec.load("memory_model")
+        with warnings.catch_warnings():  # (megatron announces its apex/TransformerEngine fallbacks: not news here)
+            warnings.simplefilter("ignore")
+            hf = AutoConfig.from_pretrained(folder)
+            stages = estimate(hf, sizes, kind=kind, trains=trains, dtype=dtype, **({"lora": lora} if lora else {}))
+        layout = " ".join(f"{k}{v}" for k, v in sizes.items() if v and (v > 1 or k == "dp"))
+        for i, state in enumerate(stages):
+            where = (
+                f"{rp.backend}{' LoRA' if lora else ''} {layout}"
+                + (f", stage {i}" if len(stages) > 1 else "")
+                + ", its largest rank"
+            )
+            lines.append(format_state(role, where, state, trains))
+        if rp.backend not in backends:
+            backends.append(rp.backend)
+    return lines + [f"({HOW[b]})" for b in backends if b in HOW]

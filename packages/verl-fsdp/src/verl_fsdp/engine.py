@@ -254,7 +254,7 @@ class FSDPEngine:
 
     def held_bytes(self) -> Dict[str, int]:
         """This rank's state counted from its tensors: parameters (local shards), gradients at the last optimizer
-        step, optimizer state (verl.memory_model estimates the same before launch)."""
+        step, optimizer state (verl_fsdp.memory_model estimates the same before launch)."""
         optimizer = _local_bytes(optimizer_state_tensors(self.optimizer)) if self.optimizer is not None else 0
         return {"params": _local_bytes(self.model.parameters()), "grads": self._grad_bytes, "optimizer": optimizer}
 

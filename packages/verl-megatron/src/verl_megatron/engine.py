@@ -21,7 +21,7 @@ from verl.engine_protocol import EngineConfig, LossFn, Metrics, TrainEngine
 from verl.protocol import DataProto
 from verl.utils.offload import Away, empty_device_cache, optimizer_state_tensors
 from verl.utils.shared_prefix import attention_weight_of, pack_shared_prefixes, take_positions
-from verl_megatron import cpu_compat, moe_metrics, torch_adam_fix
+from verl_megatron import cpu_compat, memory_model, moe_metrics, torch_adam_fix
 from verl_megatron.context_parallel import sum_over_group
 from verl_megatron.convert import PipelineSplit, SafetensorsFolder, dims_of, plan
 from verl_megatron.parallel import init_model_parallel, sequence_parallel
@@ -131,6 +131,12 @@ class MegatronEngine:
         self.params_away.resident()
         if grads:
             self.grads_away.resident()
+
+    def held_bytes(self) -> Dict[str, int]:
+        """This rank's state counted from its tensors' storages (verl_megatron.memory_model estimates the same)."""
+        params = self._parameters()
+        grads = [getattr(p, "main_grad", None) for p in params]
+        return memory_model.held_bytes(params, grads, self._optimizer_tensors() if self.optimizer else [])
 
     def release_memory(self) -> None:
         """verl.engine_protocol.TrainEngine.release_memory."""

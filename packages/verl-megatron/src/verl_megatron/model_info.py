@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import types
 import warnings
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List
 
 from verl_megatron import moe
 
@@ -23,10 +23,12 @@ def _parallel(parallel: Dict[str, Any]) -> types.SimpleNamespace:
     return types.SimpleNamespace(**sizes)
 
 
-def count_parameters(hf_config: Any, parallel: Dict[str, Any], *, kind: str = "causal_lm") -> Dict[str, Any]:
-    """{"total": HF parameter count, "active": parameters a token passes through (a mixture of experts: its top-k
-    experts of each routed layer; a dense model: all), "per_stage": [parameters on tp rank 0 of each pipeline
-    stage], "experts_per_stage": [the expert parameters among them]}."""
+def built_stages(
+    hf_config: Any, parallel: Dict[str, Any], *, kind: str = "causal_lm", dtype: Any = None
+) -> Iterator[List[Any]]:
+    """Each pipeline stage's model chunks as megatron-core builds them on tensor-parallel rank 0 (expert rank 0)
+    of that stage, on the meta device, inside a fake process group of the layout's size; yielded while that group
+    stands (read them before the next)."""
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
@@ -35,10 +37,9 @@ def count_parameters(hf_config: Any, parallel: Dict[str, Any], *, kind: str = "c
     from verl_megatron import cpu_compat
     from verl_megatron.model import build_chunks, transformer_config
     from verl_megatron.parallel import current_layout
-    from verl_megatron.weights import hf_shapes
 
     if dist.is_initialized():
-        raise RuntimeError("count_parameters builds in a fake process group; call it outside a distributed job")
+        raise RuntimeError("megatron's model is built here in a fake process group; call it outside a distributed job")
     p = _parallel(parallel)
     etp = p.etp or p.tp
     cpu_compat.apply()
@@ -48,8 +49,6 @@ def count_parameters(hf_config: Any, parallel: Dict[str, Any], *, kind: str = "c
     # the data-parallel ranks too; otherwise one replica is enough.
     dp = (p.dp or 1) if (p.ep > 1 or etp != p.tp) else 1
     world = p.tp * p.pp * p.cp * dp
-    per_stage: List[int] = []
-    experts_per_stage: List[int] = []
     for stage in range(p.pp):
         # Megatron's rank order is tp, cp, (ep,) dp, pp: stage s starts at rank s * tp * cp * dp (expert rank 0;
         # every expert rank holds as many experts).
@@ -64,18 +63,32 @@ def count_parameters(hf_config: Any, parallel: Dict[str, Any], *, kind: str = "c
                 expert_tensor_parallel_size=etp,
                 create_gloo_process_groups=False,
             )
-            layout = current_layout()
             config = transformer_config(
-                hf_config, layout, dtype=torch.bfloat16, device="cpu", overrides={"perform_initialization": False}
+                hf_config,
+                current_layout(),
+                dtype=dtype or torch.bfloat16,
+                device="cpu",
+                overrides={"perform_initialization": False},
             )
             with torch.device("meta"):
-                chunks = build_chunks(hf_config, config, layout, kind=kind)
-            named = [(n, t) for c in chunks for n, t in c.named_parameters()]
-            per_stage.append(sum(t.numel() for _, t in named))
-            experts_per_stage.append(sum(t.numel() for n, t in named if ".experts." in n))
+                yield build_chunks(hf_config, config, current_layout(), kind=kind)
         finally:
             mpu.destroy_model_parallel()
             dist.destroy_process_group()
+
+
+def count_parameters(hf_config: Any, parallel: Dict[str, Any], *, kind: str = "causal_lm") -> Dict[str, Any]:
+    """{"total": HF parameter count, "active": parameters a token passes through (a mixture of experts: its top-k
+    experts of each routed layer; a dense model: all), "per_stage": [parameters on tp rank 0 of each pipeline
+    stage], "experts_per_stage": [the expert parameters among them]}."""
+    from verl_megatron.weights import hf_shapes
+
+    per_stage: List[int] = []
+    experts_per_stage: List[int] = []
+    for chunks in built_stages(hf_config, parallel, kind=kind):
+        named = [(n, t) for c in chunks for n, t in c.named_parameters()]
+        per_stage.append(sum(t.numel() for _, t in named))
+        experts_per_stage.append(sum(t.numel() for n, t in named if ".experts." in n))
     total = sum(shape.numel() for shape in hf_shapes(hf_config, kind).values())
     active = total
     if moe.is_moe(hf_config):

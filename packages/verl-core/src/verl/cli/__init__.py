@@ -186,7 +186,7 @@ def _print_memory(cfg: VerlConfig, plan: Plan) -> None:
 
     try:
         lines = state_lines(cfg, plan)
-    except (ValueError, OSError, KeyError, TypeError) as e:  # (a model transformers cannot build: said, not fatal)
+    except (ValueError, OSError, KeyError, TypeError, RuntimeError) as e:  # (a model not built here: said, not fatal)
         lines = [f"not estimated: {e}"]
     if lines:
         print("\n# memory (per rank, between steps)")

@@ -281,7 +281,7 @@ class ActorRolloutRefWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def held_bytes(self, role: str = "actor") -> Dict[str, int]:
         """The role's state on this rank counted from its tensors (params, grads at the last step, optimizer):
-        what verl.memory_model estimates before launch."""
+        what the backend's memory model estimates before launch."""
         return self._need(role).held_bytes()
 
     @register(Dispatch.ONE_TO_ALL)

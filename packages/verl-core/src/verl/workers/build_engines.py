@@ -28,7 +28,7 @@ def train_engine(cfg: VerlConfig, role: RolePlan, *, model_path: str, total_step
         fused_kernel_impl=cfg.actor.fused_kernel_impl if role.name == "actor" else "torch",
         shared_prefix=bool(cfg.model.shared_prefix),
         attn_implementation=cfg.model.attn_implementation,
-        lora=_lora(section) if optimize else None,
+        lora=role_lora(section) if optimize else None,
         seed=cfg.trainer.seed,
         parallel=role.layout,
         moe_aux_loss_coeff=float(section.get("moe_aux_loss_coeff", 0.0)) if optimize else 0.0,
@@ -37,7 +37,7 @@ def train_engine(cfg: VerlConfig, role: RolePlan, *, model_path: str, total_step
     return load_engine(role.backend, "train")(engine_cfg)
 
 
-def _lora(section: Any) -> Optional[LoraConfig]:
+def role_lora(section: Any) -> Optional[LoraConfig]:
     """The role's LoRA settings when it trains adapters (rank >= 1), else None."""
     lora = section.get("lora")
     if lora is None or lora.rank < 1:
