@@ -32,7 +32,7 @@ SOURCES = [str(ROOT / "packages" / p / "src") for p in ("verl-core", "verl-kerne
 sys.path[:0] = SOURCES
 
 from machine import cpu_name  # noqa: E402
-from saved_activations import SavedActivations  # noqa: E402
+from verl.utils.saved_activations import SavedActivations  # noqa: E402
 
 SHAPE = dict(
     vocab_size=8192,

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 from machine import machine_line, write_report
-from saved_activations import SavedActivations
+from verl.utils.saved_activations import SavedActivations
 
 HERE = Path(__file__).resolve().parent
 PROMPTS, N, MAX_RESPONSE, VOCAB = 4, 4, 512, 2048

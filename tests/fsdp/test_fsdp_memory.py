@@ -77,3 +77,67 @@ def test_lora_trains_the_adapters_alone(gloo_world_one, embedded_cache, kind):  
         assert engine.held_bytes() == estimate.as_dict()
     else:
         assert engine.held_bytes()["params"] == estimate.params
+
+
+@pytest.fixture(scope="module")
+def decoders(tmp_path_factory):
+    """A Llama (untied, GQA) and a Qwen3 (qk-norm, head_dim apart from hidden/heads, tied), random."""
+    from tests.support.megatron_workers import random_model_dir
+
+    root = tmp_path_factory.mktemp("decoders")
+    return {
+        "llama": random_model_dir(str(root / "llama"), "llama", tie=False, layers=2, vocab=300, hidden=32),
+        "qwen3": random_model_dir(str(root / "qwen3"), "qwen3", tie=True, layers=2, vocab=300, hidden=32),
+    }
+
+
+@pytest.mark.parametrize(
+    "model, recompute, fused, entropy",
+    [
+        ("llama", False, False, False),
+        ("llama", False, False, True),  # the entropy's log-softmax and softmax over the vocabulary
+        ("llama", False, True, True),  # fused kernels: no [tokens, vocab] tensor
+        ("llama", True, False, False),
+        ("qwen3", False, False, True),
+        ("qwen3", True, False, False),
+    ],
+)
+def test_activation_estimate_equals_the_bytes_saved_for_backward(
+    gloo_world_one,
+    decoders,
+    model,
+    recompute,
+    fused,
+    entropy,  # noqa: F811
+):
+    """Padded rows under an attention mask, one micro-batch: what autograd holds at the step's peak, measured by
+    saved-tensor hooks. With recompute, torch's reentrant checkpoint stands in for the engine's non-reentrant one
+    while measuring: both hold each layer's input and recompute one layer in backward, but only the reentrant one
+    saves (and recomputes) where the hooks see it."""
+    from verl.memory_model import MicroBatch, PassSettings
+    from verl.utils.saved_activations import SavedActivations
+    from verl_fsdp.engine import FSDPEngine
+    from verl_fsdp.memory_model import activation_bytes
+
+    path = decoders[model]
+    cfg = EngineConfig(
+        model_path=path,
+        optim=OptimConfig(lr=1e-3),
+        total_steps=2,
+        gradient_checkpointing=recompute,
+        use_fused_kernels=fused,
+    )
+    engine = FSDPEngine(cfg)
+    if recompute:
+        engine.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+        engine.model.enable_input_require_grads()
+    rows, prompt, response = 4, 11, 17  # (row 3 unpadded: no column is padding in every row, none is cut)
+    batch = policy_batch(rows, prompt, response, 300, old_log_prob=-2.0)
+    with SavedActivations(engine.model.parameters()) as saved:
+        engine.train_step(batch, _nll, micro_batch_size=rows, entropy=entropy)
+    settings = PassSettings(dtype_bytes=4, recompute=recompute, fused_logits=fused, entropy=entropy)
+    estimate = activation_bytes(
+        AutoConfig.from_pretrained(path), MicroBatch(rows, prompt + response, response), settings
+    )
+    print(f"{model} recompute={recompute} fused={fused} entropy={entropy}: {estimate} vs {saved.peak_bytes} measured")
+    assert estimate == pytest.approx(saved.peak_bytes, rel=1e-3)  # (measured: equal to the scalars)

@@ -96,3 +96,46 @@ def test_estimate_equals_the_engines_storages(estimates, gloo_world_one, embedde
         assert engine.held_bytes()["params"] == estimate.params and engine.held_bytes()["grads"] == estimate.grads
     reference = MegatronEngine(EngineConfig(model_path=path, kind=kind, total_steps=1, parallel=dict(ONE)))
     assert reference.held_bytes() == frozen.as_dict() and frozen.grads == frozen.optimizer == 0
+
+
+@pytest.fixture(scope="module")
+def decoders(tmp_path_factory):
+    """A Llama (untied, GQA) and a Qwen3 (qk-norm, head_dim apart from hidden/heads, tied), random."""
+    from tests.support.megatron_workers import random_model_dir
+
+    root = tmp_path_factory.mktemp("decoders")
+    return {
+        "llama": random_model_dir(str(root / "llama"), "llama", tie=False, layers=2, vocab=300, hidden=32),
+        "qwen3": random_model_dir(str(root / "qwen3"), "qwen3", tie=True, layers=2, vocab=300, hidden=32),
+    }
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["stored", "recompute"])
+@pytest.mark.parametrize("model", ["llama", "qwen3"])
+def test_activation_estimate_equals_the_bytes_saved_for_backward(gloo_world_one, decoders, model, recompute):  # noqa: F811
+    """Padded rows, one micro-batch, megatron's local layers (unfused attention keeps the softmax): what autograd
+    holds at the step's peak, measured by saved-tensor hooks (megatron's recompute saves each layer's input where
+    they see it). Split layouts are measured in benchmarks/memory_model.py."""
+    from verl.memory_model import MicroBatch, PassSettings
+    from verl.utils.saved_activations import SavedActivations
+    from verl_megatron.engine import MegatronEngine
+    from verl_megatron.memory_model import activation_bytes
+
+    path = decoders[model]
+    engine = MegatronEngine(
+        EngineConfig(
+            model_path=path,
+            optim=OptimConfig(lr=1e-3),
+            total_steps=2,
+            gradient_checkpointing=recompute,
+            parallel=dict(ONE),
+        )
+    )
+    rows, prompt, response = 4, 11, 17  # (row 3 unpadded: no column is padding in every row, none is cut)
+    with SavedActivations(engine._parameters()) as saved:
+        engine.train_step(policy_batch(rows, prompt, response, 300, old_log_prob=-2.0), _nll, micro_batch_size=rows)
+    settings = PassSettings(dtype_bytes=4, recompute=recompute)
+    mb = MicroBatch(rows, prompt + response, response)
+    estimate = activation_bytes(AutoConfig.from_pretrained(path), ONE, mb, settings)
+    print(f"{model} recompute={recompute}: {estimate} vs {saved.peak_bytes} measured")
+    assert estimate == pytest.approx(saved.peak_bytes, rel=1e-3)

@@ -30,6 +30,32 @@ class StateBytes:
         return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer}
 
 
+@dataclass(frozen=True)
+class MicroBatch:
+    """The largest micro-batch a pass runs on one rank, as the model sees it: `rows` rows of `seq` positions (padded
+    rows; a packed pass: its packs), `response` positions per row whose log-probs are taken, under an attention mask
+    or not (padding-free streams)."""
+
+    rows: int
+    seq: int
+    response: int
+    masked: bool = True
+
+    @property
+    def tokens(self) -> int:
+        return self.rows * self.seq
+
+
+@dataclass(frozen=True)
+class PassSettings:
+    """How a training pass computes, as far as the bytes it saves for backward go."""
+
+    dtype_bytes: int = 2  # the compute dtype's element size (bf16 on GPUs, fp32 on CPU)
+    recompute: bool = False  # activation checkpointing (model.gradient_checkpointing / megatron's full recompute)
+    fused_logits: bool = False  # log-probs and entropy by the fused kernels: no [tokens, vocab] tensor is kept
+    entropy: bool = True  # the entropy is computed with the loss (its log-softmax and probabilities are kept)
+
+
 def size_text(n: int) -> str:
     """Bytes in the largest binary unit that keeps a whole number in front: 2.004 GiB, 21.3 KiB."""
     for unit, size in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):

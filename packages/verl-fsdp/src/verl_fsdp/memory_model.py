@@ -14,7 +14,7 @@ import copy
 import math
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from verl.memory_model import ADAM_STEP_BYTES, FP32, StateBytes
+from verl.memory_model import ADAM_STEP_BYTES, FP32, MicroBatch, PassSettings, StateBytes
 
 
 def shard_rows(rows: int, parts: int, rank: int = 0) -> int:
@@ -78,3 +78,54 @@ def state_bytes(
     not matter: the master weights are fp32 whatever the compute dtype."""
     shapes = trained_shapes(hf_parameter_shapes(hf_config, kind, lora), trains)
     return [fsdp_state_bytes(shapes, int(sizes.get("dp") or 1))]
+
+
+QK_NORM = ("qwen3",)  # model types with per-head query/key RMSNorm
+
+
+def _dims(hf_config: Any) -> Dict[str, int]:
+    """The sizes a dense decoder's saved activations are made of (per token unless said)."""
+    heads = int(hf_config.num_attention_heads)
+    head_dim = int(getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads)
+    return {
+        "h": int(hf_config.hidden_size),
+        "i": int(hf_config.intermediate_size),
+        "heads": heads,
+        "head_dim": head_dim,
+        "q": heads * head_dim,
+        "kv": int(getattr(hf_config, "num_key_value_heads", None) or heads) * head_dim,
+        "layers": int(hf_config.num_hidden_layers),
+        "vocab": int(hf_config.vocab_size),
+    }
+
+
+def activation_bytes(hf_config: Any, mb: MicroBatch, settings: PassSettings) -> int:
+    """Bytes autograd keeps for backward at the peak of one micro-batch's training pass through the FSDP engine's
+    Hugging Face decoder (sdpa attention), term by term what its modules save (tests/fsdp/test_fsdp_memory.py
+    measures them). Dense decoders (Llama, Qwen2, Qwen3, Mistral); a mixture of experts raises ValueError."""
+    if getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None):
+        raise ValueError("activations of a mixture of experts are not estimated yet (dense decoders' are)")
+    d, e, t = _dims(hf_config), settings.dtype_bytes, mb.tokens
+    h, q = d["h"], d["q"]
+    # RMSNorm computes in fp32: its fp32 input (or copy), 1/rms, the normalized input and the output, in dtype
+    norm = (FP32 * h + FP32 + 2 * e * h) * t
+    # sdpa keeps q, k, v, its output and the log-sum-exp per head; under a mask transformers repeats k and v to
+    # every query head (no native GQA), and each layer keeps the mask it was given, converted to the dtype
+    kv = d["kv"]
+    attention = (e * (2 * q + 2 * (q if mb.masked else kv)) + FP32 * d["heads"]) * t
+    attention += e * mb.rows * mb.seq**2 if mb.masked else 0
+    if getattr(hf_config, "model_type", "") in QK_NORM:  # per-head RMSNorm on queries and keys, in fp32 too
+        attention += ((FP32 + e) * (q + kv) + FP32 * (d["heads"] + d["heads"] * kv // q)) * t
+    mlp = 4 * e * d["i"] * t  # gate, its SiLU, up, and their product (the down projection's input)
+    layer = 2 * norm + attention + mlp
+    fixed = 8 * t + 2 * e * mb.rows * mb.seq * d["head_dim"]  # input ids; RoPE's cos and sin, shared by layers
+    kept = mb.rows * mb.response  # positions whose log-probs are taken
+    head = (FP32 * h + FP32 + e * h) * t + e * h * mb.rows * (mb.response + 1)  # final norm; the head input slice
+    if not settings.fused_logits:  # log-probs over the vocabulary in fp32; the entropy's log-softmax and softmax
+        head += FP32 * d["vocab"] * kept * (3 if settings.entropy else 1)
+    head += (FP32 + 8) * kept  # log-sum-exp, labels
+    if settings.recompute:
+        # Each layer keeps its input (torch's checkpoint holds it); backward recomputes one layer at a time, after
+        # the head's saved tensors are gone; the recomputed layer's input is the one kept.
+        return fixed + max(d["layers"] * e * h * t + head, (d["layers"] - 1) * e * h * t + layer)
+    return fixed + d["layers"] * layer + head

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Sequence, Tuple
 
-from verl.memory_model import ADAM_STEP_BYTES, FP32, StateBytes
+from verl.memory_model import ADAM_STEP_BYTES, FP32, MicroBatch, PassSettings, StateBytes
 
 
 @dataclass(frozen=True)
@@ -156,3 +156,57 @@ def held_bytes(params: Sequence[Any], grads: Sequence[Any], optimizer: Sequence[
         return total
 
     return {"params": count(params), "grads": count(grads), "optimizer": count(optimizer)}
+
+
+def activation_bytes(
+    hf_config: Any, sizes: Dict[str, Any], mb: MicroBatch, settings: PassSettings, *, stage: int = 0, te: bool = False
+) -> int:
+    """Bytes autograd keeps for backward from one micro-batch on one rank of pipeline stage `stage`, term by term
+    what megatron-core's layers save: its local layers (no TransformerEngine: unfused attention keeps the
+    softmax, [rows, heads, s, s]) as on CPU, or TransformerEngine's fused norm-linears and flash attention
+    (`te`). Tensor parallelism splits heads and the MLP; sequence parallelism also the norms' tokens; context
+    parallelism the tokens. The log-probs go through the vocab-parallel fused path: no [tokens, vocab] tensor.
+    Dense decoders; a mixture of experts raises ValueError."""
+    from verl_megatron import moe
+    from verl_megatron.hf_config import architecture
+
+    if moe.is_moe(hf_config):
+        raise ValueError("activations of a mixture of experts are not estimated yet (dense decoders' are)")
+    tp, pp, cp = (int(sizes.get(k) or 1) for k in ("tp", "pp", "cp"))
+    sp = bool(sizes.get("sequence_parallel", tp > 1))
+    e = settings.dtype_bytes
+    h, i, layers = int(hf_config.hidden_size), int(hf_config.intermediate_size), int(hf_config.num_hidden_layers)
+    heads = int(hf_config.num_attention_heads)
+    head_dim = int(getattr(hf_config, "head_dim", None) or h // heads)
+    kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or heads)
+    seq = mb.seq // cp  # this rank's positions of each row
+    t = mb.rows * seq
+    tn = t // tp if sp else t  # tokens outside the tensor-parallel regions (norms, residual)
+    q, kv, i_local, heads_local = heads * head_dim // tp, max(kv_heads // tp, 1) * head_dim, i // tp, heads // tp
+    qk_norm = bool(architecture(hf_config).qk_norm)
+    if te:  # fused norm + linear keeps its input, 1/rms and normed output; flash attention q, k, v, out, lse
+        norm = (2 * e * h + FP32) * tn
+        attention = e * (2 * q + 2 * kv) * t + FP32 * heads_local * t + e * q * t
+        mlp = (e * h + FP32) * tn + e * h * tn + 4 * e * i_local * t
+        layer = norm + attention + mlp
+    else:  # torch's rms_norm keeps input, 1/rms, the normed input; the linear after it its input
+        norm = (3 * e * h + FP32) * tn
+        rope = 4 * e * head_dim * t  # cos and sin, for queries and keys, per layer
+        # q and k, v repeated to every query head; the softmax [rows, heads, s/cp, s]; the bool mask; the context
+        attention = 3 * e * q * t + e * mb.rows * heads_local * seq * mb.seq + seq * mb.seq + e * q * t
+        mlp = 5 * e * i_local * t  # gate|up [2i], SiLU(gate) and up for their product, the product
+        if qk_norm:  # per-head norms: q's input and output; k's input (a view of the whole qkv output) and output
+            attention += (2 * e * q + e * (q + 2 * kv) + e * kv + FP32 * (heads_local + kv // head_dim)) * t
+        layer = 2 * norm + rope + attention + mlp
+    chunk_layers = layers // pp
+    first = 8 * t if stage == 0 else 0  # input ids
+    kept = mb.rows * mb.response // cp
+    last = ((2 * e * h + FP32) * tn + e * h * kept + 24 * kept) if stage == pp - 1 else 0  # final norm; the head
+    if settings.recompute:
+        # Full recompute: each layer keeps its input (and the rotary table, shared); backward recomputes one layer
+        # at a time, after the head's saved tensors are gone. The recomputed layer's input is the one kept.
+        kept_inputs = e * h * tn
+        return (
+            first + e * head_dim * t + max(chunk_layers * kept_inputs + last, (chunk_layers - 1) * kept_inputs + layer)
+        )
+    return first + chunk_layers * layer + last

@@ -4,13 +4,14 @@ A process's resident set (CPU) or torch's allocated bytes (GPU) mix activations 
 optimizer state. Activations are what packing and token budgets change, and they are exactly the tensors autograd
 saves for backward: this counts each saved tensor's storage once while autograd holds it (parameters excluded) and
 keeps the peak of that sum. A micro-batch's activations are freed by its backward, so the peak is the largest
-micro-batch's forward.
+micro-batch's forward. torch's non-reentrant checkpoint (Hugging Face's activation checkpointing) saves and
+recomputes under hooks of its own, out of sight here; its reentrant one, and megatron's recompute, are seen.
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import Dict, Iterable, Set
+from typing import Dict, Iterable, Set, cast
 
 import torch
 
@@ -28,7 +29,9 @@ class SavedActivations:
     """`with SavedActivations(model.parameters()) as saved: step()`, then `saved.peak_bytes`."""
 
     def __init__(self, parameters: Iterable[torch.Tensor] = ()):
-        self._skip: Set[int] = {p.untyped_storage().data_ptr() for p in parameters}
+        # (an FSDP parameter is a DTensor: its local shard holds the storage)
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in parameters]
+        self._skip: Set[int] = {p.untyped_storage().data_ptr() for p in local}
         self._refs: Dict[int, int] = {}  # storage pointer -> saved tensors holding it
         self._bytes: Dict[int, int] = {}
         self.live_bytes = 0
@@ -36,9 +39,14 @@ class SavedActivations:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def _pack(self, tensor: torch.Tensor) -> object:
-        storage = tensor.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr in self._skip or tensor.device.type == "meta" or storage.nbytes() == 0:
+        if isinstance(tensor, torch.nn.Parameter) or tensor.device.type == "meta":  # (FSDP's unsharded weights)
+            return tensor
+        try:
+            storage = tensor.untyped_storage()
+            ptr = storage.data_ptr()
+        except RuntimeError:  # a storage FSDP has freed (a parameter's, gathered again for backward)
+            return tensor
+        if ptr in self._skip or storage.nbytes() == 0:
             return tensor
         held = _Held(tensor)
         if self._refs.get(ptr, 0) == 0:
@@ -51,7 +59,7 @@ class SavedActivations:
 
     @staticmethod
     def _unpack(held: object) -> torch.Tensor:
-        return held.tensor if isinstance(held, _Held) else held
+        return held.tensor if isinstance(held, _Held) else cast(torch.Tensor, held)
 
     def _release(self, ptr: int) -> None:
         self._refs[ptr] -= 1
