@@ -72,3 +72,66 @@ def test_validate_prints_each_pipeline_stage_of_a_megatron_actor(tmp_path, capsy
         assert f"parameters {size_text(stage.params)}, gradients {size_text(stage.grads)}" in line, line
         assert f"optimizer {size_text(stage.optimizer)}" in line
     assert code == 0, out
+
+
+def _tiny_llama(path) -> None:
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=False,
+        )
+    ).save_pretrained(path)
+
+
+def test_the_phase_table_sums_what_each_phase_keeps_and_honours_offload(tmp_path, capsys):
+    """The hybrid pool's phases: generation with the hf rollout (the actor's weights and a KV cache beside the
+    actor's state), the reference's pass, the update with activations and logits; offloading the actor's
+    optimizer takes it out of every phase but the update."""
+    from tests.support.fixtures import make_plan
+    from tests.support.run_configs import tiny_config
+    from verl.memory_plan import estimate
+
+    _tiny_llama(tmp_path / "model")
+    common = (
+        f"model.path={tmp_path / 'model'}",
+        "actor.use_kl_loss=true",
+        "placement.pools=[{name: hybrid, roles: [actor, rollout, ref]}]",
+    )
+    tables = {}
+    for offload in (False, True):
+        cfg = tiny_config("grpo_tiny", str(tmp_path / "out"), *common, f"actor.optimizer_offload={offload}")
+        plan, problems = make_plan(cfg)
+        assert plan is not None, problems
+        table, notes = estimate(cfg, plan)
+        assert not notes
+        tables[offload] = {p.name: p for p in table}
+    kept = tables[False]
+    assert list(kept) == ["generate", "actor log-probs", "ref log-probs", "actor update"], list(kept)
+    update = kept["actor update"].parts
+    assert update["actor activations"] > 0 and update["actor logits"] > 0 and update["actor gradients"] > 0
+    assert kept["generate"].parts["rollout KV cache"] > 0 and "actor activations" not in kept["generate"].parts
+    away = tables[True]
+    assert away["generate"].parts["actor optimizer"] == 0 < kept["generate"].parts["actor optimizer"]
+    assert away["actor update"].parts["actor optimizer"] == kept["actor update"].parts["actor optimizer"]
+
+
+def test_validate_refuses_a_peak_over_the_device_memory_naming_phase_rank_and_key(tmp_path, capsys):
+    _tiny_llama(tmp_path / "model")
+    code = main(
+        [
+            "validate",
+            str(RECIPES / "grpo_tiny.yaml"),
+            f"model.path={tmp_path / 'model'}",
+            "placement.device_memory_gb=0.0001",
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "| actor update |" in captured.out and "peak: " in captured.out
+    error = next(line for line in captured.err.splitlines() if line.startswith("error: placement.device_memory_gb"))
+    assert " needs ~" in error and "on rank 0 (pool 'hybrid'), more than the 104.9 KiB of a device" in error

@@ -103,7 +103,7 @@ def decoders(tmp_path_factory):
     ],
 )
 def test_activation_estimate_equals_the_bytes_saved_for_backward(
-    gloo_world_one,
+    gloo_world_one,  # noqa: F811
     decoders,
     model,
     recompute,
@@ -137,7 +137,7 @@ def test_activation_estimate_equals_the_bytes_saved_for_backward(
         engine.train_step(batch, _nll, micro_batch_size=rows, entropy=entropy)
     settings = PassSettings(dtype_bytes=4, recompute=recompute, fused_logits=fused, entropy=entropy)
     estimate = activation_bytes(
-        AutoConfig.from_pretrained(path), MicroBatch(rows, prompt + response, response), settings
+        AutoConfig.from_pretrained(path), {"dp": 1}, MicroBatch(rows, prompt + response, response), settings
     )
     print(f"{model} recompute={recompute} fused={fused} entropy={entropy}: {estimate} vs {saved.peak_bytes} measured")
     assert estimate == pytest.approx(saved.peak_bytes, rel=1e-3)  # (measured: equal to the scalars)

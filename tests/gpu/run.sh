@@ -34,9 +34,10 @@
 # | test: FSDP padding-free rows through flash-attention             | B_FSDP            |     15 |
 # | test: megatron parity on one GPU                                 | B_MEGATRON        |     35 |
 # | test: offload between phases                                     | B_OFFLOAD         |     25 |
+# | test: memory plan against the allocator's peaks                  | B_MEMORY          |     10 |
 # | test: Triton log-prob kernels on the device                      | B_KERNELS         |     15 |
 # | test: grpo_tiny_megatron steps on the GPU                        | B_MEGATRON_STEPS  |     30 |
-# | bench: GRPO step on Qwen2.5-0.5B shapes                          | B_GRPO            |     90 |
+# | bench: GRPO step on Qwen2.5-0.5B shapes                          | B_GRPO            |     80 |
 # | bench: fused log-prob kernels at 150k vocabulary                 | B_LOGPROB         |     25 |
 # | bench: weight sync between two processes over NCCL               | B_WEIGHT_SYNC     |     15 |
 # | total                                                            | TOTAL_BUDGET_S    |    480 |
@@ -50,9 +51,10 @@ B_ROLLOUT=60
 B_FSDP=15
 B_MEGATRON=35
 B_OFFLOAD=25
+B_MEMORY=10
 B_KERNELS=15
 B_MEGATRON_STEPS=30
-B_GRPO=90
+B_GRPO=80
 B_LOGPROB=25
 B_WEIGHT_SYNC=15
 TOTAL_BUDGET_S=480
@@ -65,6 +67,7 @@ TESTS=(
   "fsdp|B_FSDP|FSDP padding-free rows through flash-attention's varlen kernels (needs flash-attn)|tests/gpu/test_fsdp_gpu.py"
   "megatron|B_MEGATRON|megatron parity: log-probs against HF, HF <-> mcore exact, bf16 steps, THD rows with TransformerEngine; TP/PP/CP with 2 GPUs|tests/gpu/test_megatron_gpu.py --deselect tests/gpu/test_megatron_gpu.py::test_grpo_tiny_megatron_steps_on_one_gpu"
   "offload|B_OFFLOAD|offload between phases: device memory given back, the same steps (FSDP, megatron)|tests/gpu/test_offload_gpu.py"
+  "memory|B_MEMORY|memory plan: each phase's estimated peak against torch.cuda.max_memory_allocated (FSDP, bf16)|tests/gpu/test_memory_gpu.py"
   "kernels|B_KERNELS|Triton log-prob/entropy kernels compiled for the device, against the reference (model-like sizes too)|tests/kernels/test_triton.py"
   "megatron_steps|B_MEGATRON_STEPS|recipes:grpo_tiny_megatron at TP=1 on the GPU: 5 GRPO steps, step time|tests/gpu/test_megatron_gpu.py::test_grpo_tiny_megatron_steps_on_one_gpu"
 )

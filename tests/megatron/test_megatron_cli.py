@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -32,6 +33,8 @@ ray.cloudpickle.register_pickle_by_value(sys.modules["tests.support.megatron_wor
 LLAMA3_8B = RECIPES / "model_configs" / "Meta-Llama-3-8B"
 # Qwen3-30B-A3B's published architecture (a mixture of experts: 128 experts, top 8).
 QWEN3_30B_A3B = RECIPES / "model_configs" / "Qwen3-30B-A3B"
+QWEN2_7B = RECIPES / "model_configs" / "Qwen2-7B"
+QWEN3_0_6B = RECIPES / "model_configs" / "Qwen3-0.6B"
 
 
 def _verl(*argv: str) -> subprocess.CompletedProcess:
@@ -55,6 +58,64 @@ def test_llama3_8b_recipe_builds_its_megatron_model_and_counts_it():
     assert "TP=4 PP=2; parameters per rank: stage 0: 1,003,880,448, stage 1: 1,003,884,544" in out.stdout
 
 
+def test_llama3_8b_recipe_prints_its_memory_by_phase_and_fits_an_h100():
+    """The table: every phase of the hybrid pool on its busiest rank, vLLM's share of the device in generation,
+    the actor update's activations and logits; the peak checked against the recipe's accelerator (h100)."""
+    out = _verl("validate", str(RECIPES / "grpo_llama3_8b.yaml"), f"model.path={LLAMA3_8B}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    section = out.stdout[out.stdout.index("# memory") :]
+    print(section)
+    rows = {line.split("|")[1].strip(): line for line in section.splitlines() if line.startswith("| ")}
+    assert {"generate", "actor log-probs", "ref log-probs", "actor update"} <= rows.keys()
+    assert "rollout (vllm, 0.6 of the device)" in rows["phase"]
+    # the state (megatron's buffers, tested byte for byte on CPU): 1.870 + 3.740 + 5.610 GiB and the ref's 1.870
+    assert "| 1.87 | 3.74 | 5.61 | 1.87 |" in rows["actor update"]
+    assert "peak: generate on pool 'hybrid', 60.609 GiB of 79.200 GiB per device" in section
+
+
+def test_a_peak_that_does_not_fit_is_refused_with_overrides_that_fit():
+    """16 GB devices: validate exits 2 naming the phase, the rank and the key; the overrides it names validate."""
+    out = _verl(
+        "validate", str(RECIPES / "grpo_llama3_8b.yaml"), f"model.path={LLAMA3_8B}", "placement.device_memory_gb=16"
+    )
+    assert out.returncode == 2, out.stdout[-2000:]
+    error = next(line for line in out.stderr.splitlines() if line.startswith("error: placement.device_memory_gb"))
+    assert "actor update needs ~30.424 GiB on rank 8 (pool 'hybrid'), more than the 16.000 GiB" in error
+    fix = out.stderr.split(error, 1)[1].splitlines()[1].removeprefix("    fix: ")
+    print(error, fix, sep="\n")
+    overrides = [f"{key}={new}" for key, new in re.findall(r"(\S+) \S+ -> ([^,\s]+)", fix.split(" or ")[0])]
+    assert overrides
+    fixed = _verl(
+        "validate",
+        str(RECIPES / "grpo_llama3_8b.yaml"),
+        f"model.path={LLAMA3_8B}",
+        "placement.device_memory_gb=16",
+        *overrides,
+    )
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    "recipe, model",
+    [("grpo_llama3_8b", LLAMA3_8B), ("ppo_qwen2_7b", QWEN2_7B), ("grpo_qwen3_0_6b", QWEN3_0_6B)],
+)
+def test_every_suggested_layout_validates(recipe, model):
+    """`verl plan --suggest` on the recipe's accelerator (h100): each layout it lists, as its overrides, passes
+    `verl validate` with its memory check (exit 0)."""
+    path = str(RECIPES / f"{recipe}.yaml")
+    out = _verl("plan", path, f"model.path={model}", "--suggest")
+    assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
+    listed = out.stdout[out.stdout.index("# layouts") :]
+    print(listed)
+    assert "throughput model: 989 TFLOP/s at 40% MFU" in listed
+    suggestions = [line.split() for line in listed.splitlines() if line.startswith("   ") and "=" in line]
+    assert suggestions
+    for overrides in suggestions:
+        checked = _verl("validate", path, f"model.path={model}", *overrides)
+        assert checked.returncode == 0, (overrides, checked.stderr[-3000:])
+        assert "peak: " in checked.stdout
+
+
 def test_qwen3_30b_a3b_recipe_lays_out_its_experts_and_counts_them():
     out = _verl("train", str(RECIPES / "grpo_qwen3_30b_a3b.yaml"), "--dry-run", f"model.path={QWEN3_30B_A3B}")
     assert out.returncode == 0, out.stderr[-3000:]
@@ -64,7 +125,9 @@ def test_qwen3_30b_a3b_recipe_lays_out_its_experts_and_counts_them():
     # 2 * 2048, experts 128 * 3 * 768 * 2048 = 603,979,776 -> 623,120,640 x 48 = 29,909,790,720; final norm 2,048.
     assert "actor: parameters: 30,532,122,624 (30.53 B)" in out.stdout
     # Active: 120 of 128 experts skipped per layer, 120 * 4,718,592 * 48 = 27,179,089,920 fewer.
-    assert "top 8; active per token: 3,353,032,704 (3.35 B); EP=8 x ETP=1: 16 experts of each routed layer" in out.stdout
+    assert (
+        "top 8; active per token: 3,353,032,704 (3.35 B); EP=8 x ETP=1: 16 experts of each routed layer" in out.stdout
+    )
     # Per rank at EP=8, TP=1: everything dense (30,532,122,624 - 48 * 603,979,776 = 1,541,093,376) plus 16 experts
     # of each layer, 16 * 4,718,592 * 48 = 3,623,878,656.
     assert "EP=8 ETP=1; parameters per rank: stage 0: 5,164,972,032 (1,541,093,376 dense + 3,623,878,656 experts)" in (

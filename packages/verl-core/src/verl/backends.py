@@ -34,8 +34,7 @@ class BackendSpec:
     model_info: Optional[str] = None  # (model_path, parallel: dict, kind) -> lines describing the built model
     # (checkpoint_dir, out_dir, *, model_path=None) -> writes a Hugging Face folder; model_path: a moved base model
     exporter: Optional[str] = None
-    # (hf_config, parallel: dict, *, kind, trains, dtype) -> [verl.memory_model.StateBytes on the largest rank of
-    # each pipeline stage]: the role's parameters, gradients and optimizer state as the engine lays them out
+    # a verl.memory_model.MemoryModel: the engine's state and activation bytes per rank, before launch
     memory_model: Optional[str] = None
 
     def missing_requirements(self) -> List[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, List
+from typing import Any, Callable, List
 
 GIB = 2**30
 FP32 = 4
@@ -54,6 +54,19 @@ class PassSettings:
     recompute: bool = False  # activation checkpointing (model.gradient_checkpointing / megatron's full recompute)
     fused_logits: bool = False  # log-probs and entropy by the fused kernels: no [tokens, vocab] tensor is kept
     entropy: bool = True  # the entropy is computed with the loss (its log-softmax and probabilities are kept)
+    fused_attention: bool = False  # GPU kernels (TransformerEngine's, flash): no [s, s] softmax kept
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """What a train backend registers (BackendSpec.memory_model): its engine's bytes, before launch.
+
+    state_bytes(hf_config, parallel: dict, *, kind, trains, dtype, lora=None) -> [StateBytes] per pipeline stage
+    (its largest rank); activation_bytes(hf_config, parallel, MicroBatch, PassSettings, *, stage=0) -> bytes kept
+    for backward from one micro-batch."""
+
+    state_bytes: Callable[..., List["StateBytes"]]
+    activation_bytes: Callable[..., int]
 
 
 def size_text(n: int) -> str:
@@ -119,7 +132,7 @@ def state_lines(cfg: Any, plan: Any) -> List[str]:
             lines.append(f"{role}: {path} is built, converted or downloaded at run time; its state is not estimated")
             continue
         sizes = rp.layout.sizes()
-        estimate = spec.load("memory_model")
+        estimate = spec.load("memory_model").state_bytes
         with warnings.catch_warnings():  # (megatron announces its apex/TransformerEngine fallbacks: not news here)
             warnings.simplefilter("ignore")
             hf = AutoConfig.from_pretrained(folder)

@@ -9,6 +9,6 @@ FSDP = BackendSpec(
     requires=("transformers",),
     engine="verl_fsdp.engine:FSDPEngine",
     exporter="verl_fsdp.export:export_checkpoint",
-    memory_model="verl_fsdp.memory_model:state_bytes",
+    memory_model="verl_fsdp.memory_model:MEMORY_MODEL",
 )
 BACKENDS = (FSDP,)

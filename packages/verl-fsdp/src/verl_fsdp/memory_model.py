@@ -14,7 +14,7 @@ import copy
 import math
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from verl.memory_model import ADAM_STEP_BYTES, FP32, MicroBatch, PassSettings, StateBytes
+from verl.memory_model import ADAM_STEP_BYTES, FP32, MemoryModel, MicroBatch, PassSettings, StateBytes
 
 
 def shard_rows(rows: int, parts: int, rank: int = 0) -> int:
@@ -99,10 +99,13 @@ def _dims(hf_config: Any) -> Dict[str, int]:
     }
 
 
-def activation_bytes(hf_config: Any, mb: MicroBatch, settings: PassSettings) -> int:
+def activation_bytes(
+    hf_config: Any, sizes: Dict[str, Any], mb: MicroBatch, settings: PassSettings, *, stage: int = 0
+) -> int:
     """Bytes autograd keeps for backward at the peak of one micro-batch's training pass through the FSDP engine's
-    Hugging Face decoder (sdpa attention), term by term what its modules save (tests/fsdp/test_fsdp_memory.py
-    measures them). Dense decoders (Llama, Qwen2, Qwen3, Mistral); a mixture of experts raises ValueError."""
+        Hugging Face decoder (sdpa attention), term by term what its modules save (tests/fsdp/test_fsdp_memory.py
+        measures them). Dense decoders (Llama, Qwen2, Qwen3, Mistral); a mixture of experts raises ValueError. Each
+    data-parallel rank runs its own micro-batches: `sizes` and `stage` change nothing."""
     if getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None):
         raise ValueError("activations of a mixture of experts are not estimated yet (dense decoders' are)")
     d, e, t = _dims(hf_config), settings.dtype_bytes, mb.tokens
@@ -129,3 +132,6 @@ def activation_bytes(hf_config: Any, mb: MicroBatch, settings: PassSettings) -> 
         # the head's saved tensors are gone; the recomputed layer's input is the one kept.
         return fixed + max(d["layers"] * e * h * t + head, (d["layers"] - 1) * e * h * t + layer)
     return fixed + d["layers"] * layer + head
+
+
+MEMORY_MODEL = MemoryModel(state_bytes=state_bytes, activation_bytes=activation_bytes)

@@ -10,6 +10,6 @@ MEGATRON = BackendSpec(
     engine="verl_megatron.engine:MegatronEngine",
     model_info="verl_megatron.model_info:describe",
     exporter="verl_megatron.export:export_checkpoint",
-    memory_model="verl_megatron.memory_model:state_bytes",
+    memory_model="verl_megatron.memory_model:MEMORY_MODEL",
 )
 BACKENDS = (MEGATRON,)

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Sequence, Tuple
 
-from verl.memory_model import ADAM_STEP_BYTES, FP32, MicroBatch, PassSettings, StateBytes
+from verl.memory_model import ADAM_STEP_BYTES, FP32, MemoryModel, MicroBatch, PassSettings, StateBytes
 
 
 @dataclass(frozen=True)
@@ -159,12 +159,12 @@ def held_bytes(params: Sequence[Any], grads: Sequence[Any], optimizer: Sequence[
 
 
 def activation_bytes(
-    hf_config: Any, sizes: Dict[str, Any], mb: MicroBatch, settings: PassSettings, *, stage: int = 0, te: bool = False
+    hf_config: Any, sizes: Dict[str, Any], mb: MicroBatch, settings: PassSettings, *, stage: int = 0
 ) -> int:
     """Bytes autograd keeps for backward from one micro-batch on one rank of pipeline stage `stage`, term by term
     what megatron-core's layers save: its local layers (no TransformerEngine: unfused attention keeps the
     softmax, [rows, heads, s, s]) as on CPU, or TransformerEngine's fused norm-linears and flash attention
-    (`te`). Tensor parallelism splits heads and the MLP; sequence parallelism also the norms' tokens; context
+    (`settings.fused_attention`: a GPU build). Tensor parallelism splits heads and the MLP; sequence parallelism also the norms' tokens; context
     parallelism the tokens. The log-probs go through the vocab-parallel fused path: no [tokens, vocab] tensor.
     Dense decoders; a mixture of experts raises ValueError."""
     from verl_megatron import moe
@@ -184,7 +184,9 @@ def activation_bytes(
     tn = t // tp if sp else t  # tokens outside the tensor-parallel regions (norms, residual)
     q, kv, i_local, heads_local = heads * head_dim // tp, max(kv_heads // tp, 1) * head_dim, i // tp, heads // tp
     qk_norm = bool(architecture(hf_config).qk_norm)
-    if te:  # fused norm + linear keeps its input, 1/rms and normed output; flash attention q, k, v, out, lse
+    if (
+        settings.fused_attention
+    ):  # fused norm + linear keeps its input, 1/rms and normed output; flash attention q, k, v, out, lse
         norm = (2 * e * h + FP32) * tn
         attention = e * (2 * q + 2 * kv) * t + FP32 * heads_local * t + e * q * t
         mlp = (e * h + FP32) * tn + e * h * tn + 4 * e * i_local * t
@@ -210,3 +212,6 @@ def activation_bytes(
             first + e * head_dim * t + max(chunk_layers * kept_inputs + last, (chunk_layers - 1) * kept_inputs + layer)
         )
     return first + chunk_layers * layer + last
+
+
+MEMORY_MODEL = MemoryModel(state_bytes=state_bytes, activation_bytes=activation_bytes)

@@ -41,13 +41,21 @@ LIBRARIES = ("torch", "transformers", "ray", "megatron-core", "vllm", "sglang", 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl", description="RL post-training for LLMs (HybridFlow).")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{validate,train,export,info,data,model}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{validate,train,plan,export,info,data,model}")
     validate = sub.add_parser("validate", help="check a recipe and print the resolved config and plan")
     train = sub.add_parser("train", help="train with a recipe")
     for command in (validate, train):
         command.add_argument("recipe", help="a recipe YAML file")
         command.add_argument("overrides", nargs="*", help="key=value overrides, applied in order")
     train.add_argument("--dry-run", action="store_true", help="validate and plan only; start nothing")
+    plan = sub.add_parser("plan", help="the run's plan and memory by phase; --suggest: layouts that fit, ranked")
+    plan.add_argument("recipe", help="a recipe YAML file")
+    plan.add_argument("overrides", nargs="*", help="key=value overrides, applied in order")
+    plan.add_argument("--suggest", action="store_true", help="search the layouts that fit and rank them")
+    plan.add_argument("--nodes", type=int, default=None, help="placement.nnodes")
+    plan.add_argument("--devices-per-node", type=int, default=None, help="placement.devices_per_node")
+    plan.add_argument("--device-memory-gb", type=float, default=None, help="placement.device_memory_gb")
+    plan.add_argument("--accelerator", default=None, help="placement.accelerator (its memory and speeds)")
     train.add_argument("--debug", action="store_true", help="show the traceback of an error found while running")
     export = sub.add_parser("export", help="write a Hugging Face folder from a training checkpoint")
     export.add_argument("checkpoint", help="a role's checkpoint folder, e.g. <checkpoints>/step_100/actor")
@@ -141,7 +149,8 @@ def _check(recipe: str, overrides: Sequence[str], strict: bool, show_config: boo
     print(format_plan(plan) if plan is not None else "(no plan: the config has errors, listed below)")
     if show_config and plan is not None:
         problems += _print_models(cast(VerlConfig, cfg), plan)  # (the schema's DictConfig reads as its dataclass)
-        _print_memory(cast(VerlConfig, cfg), plan)
+    if plan is not None:
+        problems += _check_memory(cast(VerlConfig, cfg), plan, show=show_config)
     _print_problems(problems, sys.stderr)
     return cfg, plan, EXIT_BAD_CONFIG if errors(problems) else EXIT_OK
 
@@ -180,23 +189,61 @@ def _print_models(cfg: VerlConfig, plan: Plan) -> List[ConfigProblem]:
     return problems
 
 
-def _print_memory(cfg: VerlConfig, plan: Plan) -> None:
-    """The "# memory" section: each training role's state per rank (verl.memory_model), before anything starts."""
+def _check_memory(cfg: VerlConfig, plan: Plan, show: bool) -> List[ConfigProblem]:
+    """The "# memory" section (validate): each training role's state per rank and the phase table
+    (verl.memory_plan); and, where the device memory is known, a peak that does not fit it as a problem."""
     from verl.memory_model import state_lines
+    from verl.memory_plan import device_memory, estimate, fit_problems, format_table
 
+    device_bytes, _ = device_memory(cfg)
+    if not show and device_bytes is None:
+        return []
+    not_built = (ValueError, OSError, KeyError, TypeError, RuntimeError)  # (a model not built here: said, not fatal)
     try:
-        lines = state_lines(cfg, plan)
-    except (ValueError, OSError, KeyError, TypeError, RuntimeError) as e:  # (a model not built here: said, not fatal)
-        lines = [f"not estimated: {e}"]
-    if lines:
-        print("\n# memory (per rank, between steps)")
-        print("\n".join(lines))
+        table, notes = estimate(cfg, plan)
+    except not_built as e:
+        table, notes = [], [f"phases not estimated: {e}"]
+    if show:
+        try:
+            lines = state_lines(cfg, plan)
+        except not_built as e:
+            lines = [f"not estimated: {e}"]
+        print("\n# memory (per rank)")
+        print("\n".join(lines + format_table(table, device_bytes) + notes))
+    return fit_problems(cfg, plan, table)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     # Planning a run for another machine: missing engines (vllm on a laptop) are only warnings.
     _, _, code = _check(args.recipe, args.overrides, strict=False, show_config=True)
     return code
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """The plan and the memory table of a recipe on the given devices; with --suggest, the layouts that fit."""
+    from verl.layout_search import format_suggestions, suggest
+    from verl.memory_plan import _hf_config
+
+    given = {
+        "placement.nnodes": args.nodes,
+        "placement.devices_per_node": args.devices_per_node,
+        "placement.device_memory_gb": args.device_memory_gb,
+        "placement.accelerator": args.accelerator,
+    }
+    overrides = [f"{k}={v}" for k, v in given.items() if v is not None] + list(args.overrides)
+    cfg, plan, code = _check(args.recipe, overrides, strict=False, show_config=False)
+    if plan is None:
+        return code
+    _check_memory(cast(VerlConfig, cfg), plan, show=True)
+    if not args.suggest:
+        return code
+    print("\n# layouts that fit, fastest first by the throughput model")
+    try:
+        found, own, speeds, device_bytes = suggest(cfg, plan, _hf_config(cfg, plan, "actor"))
+    except ValueError as e:
+        return _fail(str(e))
+    print("\n".join(format_suggestions(found, own, speeds, device_bytes)))
+    return EXIT_OK if found else EXIT_BAD_CONFIG
 
 
 def start_trainer(cfg: VerlConfig, plan: Plan, name: str = "run") -> int:
@@ -362,6 +409,7 @@ def cmd_model(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "validate": cmd_validate,
+    "plan": cmd_plan,
     "train": cmd_train,
     "export": cmd_export,
     "info": cmd_info,

@@ -29,6 +29,7 @@ from verl.config.fields import (  # noqa: F401  (field_types, strip_optional, is
     size,
     strip_optional,
 )
+from verl.memory_plan import ACCELERATORS
 
 # reward: the reward model (reward.model) on worker processes, when a pool lists it (else it runs in the driver)
 ROLES = ("actor", "rollout", "ref", "critic", "reward")
@@ -407,11 +408,27 @@ class PlacementConfig:
     nnodes: int = size(1)
     devices_per_node: int = size(1)  # GPUs per node, or worker processes per node on CPU
     device: str = one_of("cpu", "cpu", "cuda")
+    # Memory of one device, for the memory plan (verl.memory_plan): validate and train refuse a layout whose
+    # estimated peak does not fit, before anything starts. None: the accelerator's; neither: not checked.
+    device_memory_gb: Optional[float] = positive(None)
+    accelerator: Optional[str] = one_of(None, *ACCELERATORS)  # a known device: its memory
     # CPU: torch threads of each worker process; None: OMP_NUM_THREADS when set, else the node's cores / its workers
     threads_per_worker: Optional[int] = at_least(None, 1)
     pools: List[PoolConfig] = field(
         default_factory=lambda: [PoolConfig(name="hybrid", roles=["actor", "rollout", "ref", "critic"])]
     )
+
+
+@dataclass
+class PlannerConfig:
+    """The throughput model's assumptions (verl.throughput_model) for `verl plan --suggest`; None: the
+    accelerator's (placement.accelerator)."""
+
+    peak_tflops: Optional[float] = positive(None)  # dense bf16 TFLOP/s of one device
+    hbm_gbps: Optional[float] = positive(None)  # device memory bandwidth, GB/s
+    node_link_gbps: Optional[float] = positive(None)  # GB/s per device between devices of a node (NVLink)
+    network_gbps: Optional[float] = positive(None)  # GB/s per device between nodes
+    mfu: Optional[float] = checked(None, lambda v: 0 < v <= 1, "must be in (0, 1], got {v}", "set {key}=0.4")
 
 
 @dataclass
@@ -511,5 +528,6 @@ class VerlConfig:
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -33,7 +33,7 @@ class SavedActivations:
         local = [p.to_local() if hasattr(p, "to_local") else p for p in parameters]
         self._skip: Set[int] = {p.untyped_storage().data_ptr() for p in local}
         self._refs: Dict[int, int] = {}  # storage pointer -> saved tensors holding it
-        self._bytes: Dict[int, int] = {}
+        self._live: Dict[int, torch.UntypedStorage] = {}
         self.live_bytes = 0
         self.peak_bytes = 0
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
@@ -49,11 +49,12 @@ class SavedActivations:
         if ptr in self._skip or storage.nbytes() == 0:
             return tensor
         held = _Held(tensor)
-        if self._refs.get(ptr, 0) == 0:
-            self._bytes[ptr] = storage.nbytes()
-            self.live_bytes += storage.nbytes()
-            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        self._live.setdefault(ptr, storage)
         self._refs[ptr] = self._refs.get(ptr, 0) + 1
+        # Summed afresh: a storage resized to nothing since it was saved (FSDP frees a layer's gathered weights
+        # after its forward and gathers them again for backward) holds no memory now.
+        self.live_bytes = sum(s.nbytes() for s in self._live.values())
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         weakref.finalize(held, self._release, ptr)
         return held
 
@@ -64,7 +65,7 @@ class SavedActivations:
     def _release(self, ptr: int) -> None:
         self._refs[ptr] -= 1
         if self._refs[ptr] == 0:
-            self.live_bytes -= self._bytes.pop(ptr)
+            self.live_bytes -= self._live.pop(ptr).nbytes()
 
     def __enter__(self) -> "SavedActivations":
         self._hooks.__enter__()

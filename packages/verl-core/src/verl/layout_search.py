@@ -1,0 +1,161 @@
+"""`verl plan RECIPE --suggest`: the layouts a run can take on its devices, those whose estimated peak memory fits
+(verl.memory_plan) with validate's margin, ranked by the throughput model (verl.throughput_model), each as the overrides that give it.
+
+Searched: the megatron actor's tensor and pipeline parallel sizes (the reference follows the actor's unless it sets
+its own), the rollout's
+tensor parallel size, and per layout the least costly way to fit: as the recipe has it, then with activation
+recompute, then half the update's micro-batch too, then the optimizer in host memory too. Every role stays in the
+recipe's pools (a pool split changes the algorithm: a rollout on its own devices runs a step ahead).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterator, List, Optional, Tuple
+
+from verl.memory_plan import WARN_SHARE, device_memory, estimate
+from verl.throughput_model import Speeds, StepTime, speeds, step_time
+
+
+@dataclass(frozen=True)
+class Candidate:
+    overrides: Tuple[str, ...]
+    peak: int  # bytes: the largest phase on the busiest rank
+    peak_phase: str
+    time: StepTime
+    samples: int
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.time.total
+
+
+def _apply(cfg: Any, overrides: Tuple[str, ...]) -> Any:
+    import yaml
+    from omegaconf import OmegaConf
+
+    changed = cfg.copy()
+    for item in overrides:
+        key, _, value = item.partition("=")
+        OmegaConf.update(changed, key, yaml.safe_load(value), merge=False)
+    return changed
+
+
+def _divisors(n: int, options: Tuple[int, ...]) -> List[int]:
+    return [k for k in options if n % k == 0]
+
+
+def layouts(cfg: Any, plan: Any, hf_config: Any) -> Iterator[Tuple[str, ...]]:
+    """Overrides of every layout in the search space (the recipe's own first)."""
+    heads = int(hf_config.num_attention_heads)
+    kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or heads)
+    node = plan.devices_per_node
+    actor = plan.layout("actor")
+    pool = next(p for p in plan.pools if "actor" in p.roles).size
+    trains: List[Tuple[str, ...]] = [()]
+    if actor.backend == "megatron":
+        trains = []
+        for tp in _divisors(math.gcd(heads, kv_heads), (1, 2, 4, 8)):
+            for pp in _divisors(int(hf_config.num_hidden_layers), (1, 2, 4)):
+                if tp <= node and pool % (tp * pp * actor.cp) == 0:
+                    keys = [f"actor.parallel.tp={tp}", f"actor.parallel.pp={pp}"]
+                    if plan.has("ref") and not plan.ref_from_actor and cfg.ref.get("parallel") is not None:
+                        keys += [f"ref.parallel.tp={tp}", f"ref.parallel.pp={pp}"]
+                    trains.append(tuple(keys))
+    rollouts: List[Tuple[str, ...]] = [()]
+    if plan.has("rollout") and plan.role("rollout").backend in ("vllm", "sglang"):
+        rollout_pool = next(p for p in plan.pools if "rollout" in p.roles).size
+        rollouts = [
+            (f"rollout.parallel.tp={tp}",)
+            for tp in _divisors(heads, (1, 2, 4, 8))
+            if tp <= node and rollout_pool % tp == 0
+        ]
+    for train in trains:
+        for rollout in rollouts:
+            yield train + rollout
+
+
+def _fits(cfg: Any, plan: Any) -> Iterator[Tuple[str, ...]]:
+    """The ways to fit a layout, least costly first."""
+    yield ()
+    yield ("model.gradient_checkpointing=true",)
+    actor = cfg.actor
+    half = (
+        f"actor.ppo_max_tokens_per_device={max(1, int(actor.ppo_max_tokens_per_device) // 2)}"
+        if actor.get("ppo_max_tokens_per_device")
+        else f"actor.ppo_micro_batch_size_per_device={max(1, int(actor.ppo_micro_batch_size_per_device) // 2)}"
+    )
+    yield ("model.gradient_checkpointing=true", half)
+    yield ("model.gradient_checkpointing=true", half, "actor.optimizer_offload=true")
+
+
+def _evaluate(cfg: Any, overrides: Tuple[str, ...], device_bytes: int, s: Speeds, hf: Any) -> Optional[Candidate]:
+    from verl.config.validate import validate_and_plan
+
+    changed = _apply(cfg, overrides)
+    plan, _ = validate_and_plan(changed, strict=False)
+    if plan is None:
+        return None
+    table, notes = estimate(changed, plan)
+    if notes or not table:
+        return None
+    top = max(table, key=lambda p: p.peak)
+    if top.peak > WARN_SHARE * device_bytes:  # (what validate would warn of is no suggestion)
+        return None
+    kv = None
+    if plan.has("rollout") and plan.role("rollout").backend in ("vllm", "sglang"):
+        from verl.throughput_model import _count
+
+        rollout = plan.role("rollout").layout
+        weights = _count(hf) * 2 / rollout.tp
+        kv = rollout.tp * max(1.0, float(changed.rollout.gpu_memory_utilization) * device_bytes - weights)
+    time = step_time(changed, plan, hf, s, kv_capacity=kv)
+    return Candidate(overrides, top.peak, top.name, time, plan.batch.samples)
+
+
+def suggest(
+    cfg: Any, plan: Any, hf_config: Any, limit: int = 5
+) -> Tuple[List[Candidate], Optional[Candidate], Speeds, int]:
+    """The fitting layouts, fastest first by the model, at most `limit`, and the recipe's own (None: it does not
+    fit); raises ValueError when the device memory or the throughput model's assumptions are not known."""
+    device_bytes, _ = device_memory(cfg)
+    s = speeds(cfg)
+    if device_bytes is None or s is None:
+        raise ValueError(
+            "the search needs the device: placement.accelerator (one of the known ones), or "
+            "placement.device_memory_gb and every planner.* speed"
+        )
+    found: List[Candidate] = []
+    for layout in layouts(cfg, plan, hf_config):
+        for extra in _fits(cfg, plan):
+            candidate = _evaluate(cfg, tuple(dict.fromkeys(layout + extra)), device_bytes, s, hf_config)
+            if candidate is not None:
+                found.append(candidate)
+                break
+    found.sort(key=lambda c: c.time.total)
+    own = _evaluate(cfg, (), device_bytes, s, hf_config)
+    return found[:limit], own, s, device_bytes
+
+
+def _line(c: Candidate) -> str:
+    from verl.memory_model import size_text
+
+    t = c.time
+    return (
+        f"~{c.samples_per_s:.1f} samples/s (step ~{t.total:.0f} s: generate {t.generate:.0f}, train {t.train:.0f}, "
+        f"communicate {t.communicate:.0f}); peak {size_text(c.peak)} in {c.peak_phase}"
+    )
+
+
+def format_suggestions(found: List[Candidate], own: Optional[Candidate], s: Speeds, device_bytes: int) -> List[str]:
+    from verl.memory_model import size_text
+
+    lines = [f"throughput model: {s.text()}; {size_text(device_bytes)} per device"]
+    lines.append("the recipe as it is: " + (_line(own) if own else f"does not fit (over {WARN_SHARE:.0%} of a device)"))
+    if not found:
+        return lines + ["no layout in the search fits (more devices, a shorter response length or a smaller batch)"]
+    for i, c in enumerate(found, 1):
+        lines.append(f"{i}. {_line(c)}")
+        lines.append("   " + (" ".join(c.overrides) if c.overrides else "(the recipe as it is)"))
+    return lines
