@@ -48,6 +48,16 @@ SHAPE = dict(
     max_position_embeddings=2048,
     tie_word_embeddings=False,
 )
+# A mixture of experts of the same size: 8 experts of 352, top 2, every layer routed.
+MOE_SHAPE = dict(
+    {k: v for k, v in SHAPE.items() if k != "intermediate_size"},
+    intermediate_size=704,
+    moe_intermediate_size=352,
+    num_experts=8,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    head_dim=32,
+)
 # name: (engine, processes, parallel sizes, recompute)
 LAYOUTS = {
     "fsdp dp1": ("fsdp", 1, {}, False),
@@ -60,14 +70,17 @@ LAYOUTS = {
     "megatron cp2": ("megatron", 2, {"cp": 2}, False),
     "megatron dp2": ("megatron", 2, {}, False),
     "megatron tp1 recompute": ("megatron", 1, {}, True),
+    "megatron moe ep1": ("megatron", 1, {}, False),
+    "megatron moe ep2": ("megatron", 2, {"ep": 2}, False),
 }
 
 
-def _model(path: str) -> str:
+def _model(path: str, moe: bool = False) -> str:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **SHAPE)).save_pretrained(path)
+    config = AutoConfig.for_model("qwen3_moe", **MOE_SHAPE) if moe else AutoConfig.for_model("llama", **SHAPE)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
     return path
 
 
@@ -180,8 +193,9 @@ def main() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join([*SOURCES, os.environ.get("PYTHONPATH", "")])
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        model = _model(os.path.join(tmp, "llama"))
+        models = {False: _model(os.path.join(tmp, "llama")), True: _model(os.path.join(tmp, "moe"), moe=True)}
         for name in args.layouts.split(","):
+            model = models[" moe " in name]
             world = LAYOUTS[name][1]
             estimates = _estimates(name, world, model, args)
             results = mp.Manager().dict()
@@ -201,7 +215,7 @@ def main() -> None:
         "",
         f"- date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"- machine: {cpu_name()}, {os.cpu_count()} cores; torch {torch.__version__}",
-        f"- model: random Llama {SHAPE}; float32; AdamW",
+        f"- model: random Llama {SHAPE}; the `moe` layouts a random Qwen3-MoE {MOE_SHAPE}; float32; AdamW",
         f"- batch: {args.rows} rows x {args.seq} tokens ({args.seq // 2} response tokens), one micro-batch, every rank",
         "- state: parameters + gradients + optimizer bytes on the rank, counted from its tensors' storages after the "
         "step, against the estimate (`equal`: every one of the three to the byte)",

@@ -88,6 +88,8 @@ def decoders(tmp_path_factory):
     return {
         "llama": random_model_dir(str(root / "llama"), "llama", tie=False, layers=2, vocab=300, hidden=32),
         "qwen3": random_model_dir(str(root / "qwen3"), "qwen3", tie=True, layers=2, vocab=300, hidden=32),
+        # 4 experts, top 2, layer 1 dense (mlp_only_layers)
+        "qwen3_moe": random_model_dir(str(root / "moe"), "qwen3_moe", tie=False, layers=2, vocab=300, hidden=32),
     }
 
 
@@ -100,6 +102,8 @@ def decoders(tmp_path_factory):
         ("llama", True, False, False),
         ("qwen3", False, False, True),
         ("qwen3", True, False, False),
+        ("qwen3_moe", False, False, False),
+        ("qwen3_moe", True, False, False),
     ],
 )
 def test_activation_estimate_equals_the_bytes_saved_for_backward(
@@ -140,4 +144,29 @@ def test_activation_estimate_equals_the_bytes_saved_for_backward(
         AutoConfig.from_pretrained(path), {"dp": 1}, MicroBatch(rows, prompt + response, response), settings
     )
     print(f"{model} recompute={recompute} fused={fused} entropy={entropy}: {estimate} vs {saved.peak_bytes} measured")
-    assert estimate == pytest.approx(saved.peak_bytes, rel=1e-3)  # (measured: equal to the scalars)
+    # Measured: equal up to a few scalars; a recomputed routed layer keeps its router's 100 bytes a token less than
+    # the estimate's (1.039x), out of sight of the reentrant stand-in
+    assert estimate == pytest.approx(saved.peak_bytes, rel=0.05 if model == "qwen3_moe" and recompute else 1e-3)
+
+
+@pytest.mark.parametrize("rows", [8, 4], ids=["two-packs", "one-pack"])
+def test_packed_rows_activations_are_the_packs_estimate(gloo_world_one, decoders, rows):  # noqa: F811
+    """Shared-prefix packing: a micro-batch of `rows` samples of groups of 4 is computed as a pack a prompt (the
+    prompt once, its responses after it, a 4D mask): the estimate of that shape is within 5% of the bytes saved
+    (measured 1.037x-1.039x: it counts the packs' masks and positions as a padded row's)."""
+    from tests.support.engines import full_groups
+    from verl.memory_model import MicroBatch, PassSettings
+    from verl.utils.saved_activations import SavedActivations
+    from verl_fsdp.engine import FSDPEngine
+    from verl_fsdp.memory_model import activation_bytes
+
+    path = decoders["llama"]
+    engine = FSDPEngine(EngineConfig(model_path=path, optim=OptimConfig(lr=1e-3), total_steps=2, shared_prefix=True))
+    n, prompt, response = 4, 12, 20
+    with SavedActivations(engine.model.parameters()) as saved:
+        metrics = engine.train_step(full_groups(2, n, prompt, response, 300), _nll, micro_batch_size=rows)
+    assert metrics["computed_tokens_ratio"] < 1  # (packed: each prompt computed once)
+    mb = MicroBatch.packed(rows, n, prompt, response)
+    estimate = activation_bytes(AutoConfig.from_pretrained(path), {"dp": 1}, mb, PassSettings(4, entropy=False))
+    print(f"packed rows={rows}: {estimate} vs {saved.peak_bytes} measured")
+    assert estimate == pytest.approx(saved.peak_bytes, rel=0.05)

@@ -107,11 +107,13 @@ def decoders(tmp_path_factory):
     return {
         "llama": random_model_dir(str(root / "llama"), "llama", tie=False, layers=2, vocab=300, hidden=32),
         "qwen3": random_model_dir(str(root / "qwen3"), "qwen3", tie=True, layers=2, vocab=300, hidden=32),
+        # 4 experts, top 2, layer 1 dense (mlp_only_layers)
+        "qwen3_moe": random_model_dir(str(root / "moe"), "qwen3_moe", tie=False, layers=2, vocab=300, hidden=32),
     }
 
 
 @pytest.mark.parametrize("recompute", [False, True], ids=["stored", "recompute"])
-@pytest.mark.parametrize("model", ["llama", "qwen3"])
+@pytest.mark.parametrize("model", ["llama", "qwen3", "qwen3_moe"])
 def test_activation_estimate_equals_the_bytes_saved_for_backward(gloo_world_one, decoders, model, recompute):  # noqa: F811
     """Padded rows, one micro-batch, megatron's local layers (unfused attention keeps the softmax): what autograd
     holds at the step's peak, measured by saved-tensor hooks (megatron's recompute saves each layer's input where
@@ -139,3 +141,27 @@ def test_activation_estimate_equals_the_bytes_saved_for_backward(gloo_world_one,
     estimate = activation_bytes(AutoConfig.from_pretrained(path), ONE, mb, settings)
     print(f"{model} recompute={recompute}: {estimate} vs {saved.peak_bytes} measured")
     assert estimate == pytest.approx(saved.peak_bytes, rel=1e-3)
+
+
+@pytest.mark.parametrize("rows", [8, 4], ids=["two-packs", "one-pack"])
+def test_packed_rows_activations_are_the_packs_estimate(gloo_world_one, decoders, rows):  # noqa: F811
+    """Shared-prefix packing (a pack a prompt: the prompt once, its responses after it) through megatron's local
+    layers: the estimate of the packs' shape is within 10% of the bytes saved (measured 1.06x-1.07x)."""
+    from tests.support.engines import full_groups
+    from verl.memory_model import MicroBatch, PassSettings
+    from verl.utils.saved_activations import SavedActivations
+    from verl_megatron.engine import MegatronEngine
+    from verl_megatron.memory_model import activation_bytes
+
+    path = decoders["llama"]
+    engine = MegatronEngine(
+        EngineConfig(model_path=path, optim=OptimConfig(lr=1e-3), total_steps=2, shared_prefix=True, parallel=dict(ONE))
+    )
+    n, prompt, response = 4, 12, 20
+    with SavedActivations(engine._parameters()) as saved:
+        metrics = engine.train_step(full_groups(2, n, prompt, response, 300), _nll, micro_batch_size=rows)
+    assert metrics["computed_tokens_ratio"] < 1
+    mb = MicroBatch.packed(rows, n, prompt, response)
+    estimate = activation_bytes(AutoConfig.from_pretrained(path), ONE, mb, PassSettings(4, entropy=False))
+    print(f"packed rows={rows}: {estimate} vs {saved.peak_bytes} measured")
+    assert estimate == pytest.approx(saved.peak_bytes, rel=0.10)

@@ -139,3 +139,23 @@ def grouped_batch(prompts: int = 3, n: int = 4, vocab: int = 40, seed: int = 0) 
             "advantages": torch.randn(prompts * n, R, generator=g),
         }
     )
+
+
+def full_groups(groups: int, n: int, prompt: int, response: int, vocab: int) -> DataProto:
+    """Rollout-shaped rows at full length: each of `groups` prompts n times in a row, no padding anywhere, random
+    responses, advantages and constant old log-probs: what shared-prefix packing computes as one sequence a group."""
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(4, vocab, (groups, prompt), generator=g).repeat_interleave(n, 0)
+    responses = torch.randint(4, vocab, (groups * n, response), generator=g)
+    ids = torch.cat([prompts, responses], 1)
+    return DataProto.from_dict(
+        {
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "position_ids": torch.arange(prompt + response).expand(groups * n, -1).clone(),
+            "responses": responses,
+            "response_mask": torch.ones(groups * n, response, dtype=torch.long),
+            "old_log_probs": -2.0 * torch.ones(groups * n, response),
+            "advantages": torch.randn(groups * n, response, generator=g),
+        }
+    )

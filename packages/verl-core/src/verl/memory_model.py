@@ -45,6 +45,13 @@ class MicroBatch:
     def tokens(self) -> int:
         return self.rows * self.seq
 
+    @classmethod
+    def packed(cls, rows: int, n: int, prompt: int, response: int) -> "MicroBatch":
+        """`rows` samples packed by shared prompt (model.shared_prefix; a prompt's n samples sit in a row): a pack
+        per prompt, its prompt once and its responses after it, under a 4D mask."""
+        k = min(n, rows)
+        return cls(rows=-(-rows // n), seq=prompt + k * response, response=k * response)
+
 
 @dataclass(frozen=True)
 class PassSettings:

@@ -128,8 +128,14 @@ def role_model(cfg: Any, plan: Any, role: str, spec: Any, dtype_bytes: int) -> R
             fused_logits=fused,
             entropy=bool(getattr(section, "entropy_coeff", 0.0)) or int(getattr(section, "entropy_every", 0)) > 0,
         )
+        shapes = [mb]
+        if role in plan.shared_prefix and plan.batch is not None and plan.batch.n > 1:
+            # packed by shared prompt where that pays (the engine decides per micro-batch): the larger of the two
+            shapes.append(MicroBatch.packed(mb.rows, plan.batch.n, plan.prompt_length, response))
         per_micro = max(
-            model.activation_bytes(hf, sizes, mb, settings, stage=s) for s in range(int(sizes.get("pp") or 1))
+            model.activation_bytes(hf, sizes, shape, settings, stage=s)
+            for s in range(int(sizes.get("pp") or 1))
+            for shape in shapes
         )
         # a pipeline's first stage holds up to pp micro-batches' activations (1F1B's warm-up)
         in_flight = min(int(sizes.get("pp") or 1), rp.train.micro_batches or 1)

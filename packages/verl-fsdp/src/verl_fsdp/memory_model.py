@@ -80,7 +80,7 @@ def state_bytes(
     return [fsdp_state_bytes(shapes, int(sizes.get("dp") or 1))]
 
 
-QK_NORM = ("qwen3",)  # model types with per-head query/key RMSNorm
+QK_NORM = ("qwen3", "qwen3_moe")  # model types with per-head query/key RMSNorm
 
 
 def _dims(hf_config: Any) -> Dict[str, int]:
@@ -103,11 +103,10 @@ def activation_bytes(
     hf_config: Any, sizes: Dict[str, Any], mb: MicroBatch, settings: PassSettings, *, stage: int = 0
 ) -> int:
     """Bytes autograd keeps for backward at the peak of one micro-batch's training pass through the FSDP engine's
-        Hugging Face decoder (sdpa attention), term by term what its modules save (tests/fsdp/test_fsdp_memory.py
-        measures them). Dense decoders (Llama, Qwen2, Qwen3, Mistral); a mixture of experts raises ValueError. Each
-    data-parallel rank runs its own micro-batches: `sizes` and `stage` change nothing."""
-    if getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None):
-        raise ValueError("activations of a mixture of experts are not estimated yet (dense decoders' are)")
+            Hugging Face decoder (sdpa attention), term by term what its modules save (tests/fsdp/test_fsdp_memory.py
+            measures them): Llama, Qwen2, Qwen3, Mistral and mixtures of experts (Qwen3-MoE: transformers' grouped
+    experts, each routed token through its k experts). Each
+        data-parallel rank runs its own micro-batches: `sizes` and `stage` change nothing."""
     d, e, t = _dims(hf_config), settings.dtype_bytes, mb.tokens
     h, q = d["h"], d["q"]
     # RMSNorm computes in fp32: its fp32 input (or copy), 1/rms, the normalized input and the output, in dtype
@@ -120,7 +119,15 @@ def activation_bytes(
     if getattr(hf_config, "model_type", "") in QK_NORM:  # per-head RMSNorm on queries and keys, in fp32 too
         attention += ((FP32 + e) * (q + kv) + FP32 * (d["heads"] + d["heads"] * kv // q)) * t
     mlp = 4 * e * d["i"] * t  # gate, its SiLU, up, and their product (the down projection's input)
-    layer = 2 * norm + attention + mlp
+    routed = routed_layers(hf_config)
+    if any(routed):
+        k, experts = int(hf_config.num_experts_per_tok), len_experts(hf_config)
+        i_moe = int(getattr(hf_config, "moe_intermediate_size", None) or d["i"])
+        # the router's fp32 softmax, top-k indices and normalised weights, the sorted indices; per routed token its
+        # input, gate|up [2i], SiLU, their product and the expert's output (weighted after)
+        moe = ((FP32 * experts + 40 * k + FP32) + k * e * (2 * h + 4 * i_moe)) * t
+    layers = sum(2 * norm + attention + (moe if r else mlp) for r in routed)
+    layer = 2 * norm + attention + (moe if any(routed) else mlp)  # (the largest: one recomputed at a time)
     fixed = 8 * t + 2 * e * mb.rows * mb.seq * d["head_dim"]  # input ids; RoPE's cos and sin, shared by layers
     kept = mb.rows * mb.response  # positions whose log-probs are taken
     head = (FP32 * h + FP32 + e * h) * t + e * h * mb.rows * (mb.response + 1)  # final norm; the head input slice
@@ -131,7 +138,22 @@ def activation_bytes(
         # Each layer keeps its input (torch's checkpoint holds it); backward recomputes one layer at a time, after
         # the head's saved tensors are gone; the recomputed layer's input is the one kept.
         return fixed + max(d["layers"] * e * h * t + head, (d["layers"] - 1) * e * h * t + layer)
-    return fixed + d["layers"] * layer + head
+    return fixed + layers + head
+
+
+def len_experts(hf_config: Any) -> int:
+    return int(getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None) or 0)
+
+
+def routed_layers(hf_config: Any) -> List[bool]:
+    """Which decoder layers route to experts (transformers' rule: every `decoder_sparse_step`-th, less
+    `mlp_only_layers`); all False for a dense model."""
+    n = int(hf_config.num_hidden_layers)
+    if not len_experts(hf_config):
+        return [False] * n
+    dense = set(getattr(hf_config, "mlp_only_layers", None) or [])
+    step = int(getattr(hf_config, "decoder_sparse_step", None) or 1)
+    return [i not in dense and (i + 1) % step == 0 for i in range(n)]
 
 
 MEMORY_MODEL = MemoryModel(state_bytes=state_bytes, activation_bytes=activation_bytes)

@@ -162,17 +162,19 @@ def activation_bytes(
     hf_config: Any, sizes: Dict[str, Any], mb: MicroBatch, settings: PassSettings, *, stage: int = 0
 ) -> int:
     """Bytes autograd keeps for backward from one micro-batch on one rank of pipeline stage `stage`, term by term
-    what megatron-core's layers save: its local layers (no TransformerEngine: unfused attention keeps the
-    softmax, [rows, heads, s, s]) as on CPU, or TransformerEngine's fused norm-linears and flash attention
-    (`settings.fused_attention`: a GPU build). Tensor parallelism splits heads and the MLP; sequence parallelism also the norms' tokens; context
-    parallelism the tokens. The log-probs go through the vocab-parallel fused path: no [tokens, vocab] tensor.
-    Dense decoders; a mixture of experts raises ValueError."""
+    what megatron-core's layers save: its local layers (no TransformerEngine: unfused attention keeps the softmax,
+    [rows, heads, s, s]) as on CPU, or TransformerEngine's fused norm-linears and flash attention
+    (`settings.fused_attention`: a GPU build). Tensor parallelism splits heads and the MLP; sequence parallelism
+    also the norms' tokens; context parallelism the tokens. A mixture of experts' routed layers keep the router's
+    choices, the permuted tokens and each routed token's expert MLP (k per token: balanced routing assumed, so with
+    expert parallelism a rank's experts get k tokens per token it holds). The log-probs go through the
+    vocab-parallel fused path: no [tokens, vocab] tensor."""
     from verl_megatron import moe
     from verl_megatron.hf_config import architecture
 
-    if moe.is_moe(hf_config):
-        raise ValueError("activations of a mixture of experts are not estimated yet (dense decoders' are)")
     tp, pp, cp = (int(sizes.get(k) or 1) for k in ("tp", "pp", "cp"))
+    etp = int(sizes.get("etp") or tp)
+    chunks = int(sizes.get("vpp") or 1)
     sp = bool(sizes.get("sequence_parallel", tp > 1))
     e = settings.dtype_bytes
     h, i, layers = int(hf_config.hidden_size), int(hf_config.intermediate_size), int(hf_config.num_hidden_layers)
@@ -183,35 +185,41 @@ def activation_bytes(
     t = mb.rows * seq
     tn = t // tp if sp else t  # tokens outside the tensor-parallel regions (norms, residual)
     q, kv, i_local, heads_local = heads * head_dim // tp, max(kv_heads // tp, 1) * head_dim, i // tp, heads // tp
-    qk_norm = bool(architecture(hf_config).qk_norm)
-    if (
-        settings.fused_attention
-    ):  # fused norm + linear keeps its input, 1/rms and normed output; flash attention q, k, v, out, lse
+    if settings.fused_attention:  # fused norm + linear: its input, 1/rms, normed output; flash: q, k, v, out, lse
         norm = (2 * e * h + FP32) * tn
-        attention = e * (2 * q + 2 * kv) * t + FP32 * heads_local * t + e * q * t
-        mlp = (e * h + FP32) * tn + e * h * tn + 4 * e * i_local * t
-        layer = norm + attention + mlp
+        attention = norm + e * (2 * q + 2 * kv) * t + FP32 * heads_local * t + e * q * t
+        dense = norm + 4 * e * i_local * t
     else:  # torch's rms_norm keeps input, 1/rms, the normed input; the linear after it its input
         norm = (3 * e * h + FP32) * tn
         rope = 4 * e * head_dim * t  # cos and sin, for queries and keys, per layer
         # q and k, v repeated to every query head; the softmax [rows, heads, s/cp, s]; the bool mask; the context
-        attention = 3 * e * q * t + e * mb.rows * heads_local * seq * mb.seq + seq * mb.seq + e * q * t
-        mlp = 5 * e * i_local * t  # gate|up [2i], SiLU(gate) and up for their product, the product
-        if qk_norm:  # per-head norms: q's input and output; k's input (a view of the whole qkv output) and output
+        attention = norm + rope + 3 * e * q * t + e * mb.rows * heads_local * seq * mb.seq + seq * mb.seq + e * q * t
+        if architecture(hf_config).qk_norm:  # q's input and output; k's input (a view of the qkv output), output
             attention += (2 * e * q + e * (q + 2 * kv) + e * kv + FP32 * (heads_local + kv // head_dim)) * t
-        layer = 2 * norm + rope + attention + mlp
-    chunk_layers = layers // pp
+        dense = norm + 5 * e * i_local * t  # gate|up [2i], SiLU(gate) and up for their product, the product
+    routed = [False] * layers
+    if moe.is_moe(hf_config):
+        routed = moe.moe_layers(hf_config)
+        k, experts = int(hf_config.num_experts_per_tok), moe.num_experts(hf_config)
+        i_moe = int(getattr(hf_config, "moe_intermediate_size", None) or i) // etp
+        # the router's top-k indices and probabilities, its [experts, tokens] map and probabilities, the sorted
+        # indices; the permuted tokens and probabilities; per routed token fc1 [2i], SiLU, up, their product (and
+        # its copy weighted by the probability), fc2's input
+        moe_mlp = norm + ((20 * k + 5 * experts) + e * h * k + FP32 * k + 6 * e * i_moe * k) * tn
+    per_chunk = layers // (pp * chunks)
+    mine = [
+        layer for c in range(chunks) for layer in range((c * pp + stage) * per_chunk, (c * pp + stage + 1) * per_chunk)
+    ]
+    kinds = [attention + (moe_mlp if routed[layer] else dense) for layer in mine]
     first = 8 * t if stage == 0 else 0  # input ids
     kept = mb.rows * mb.response // cp
     last = ((2 * e * h + FP32) * tn + e * h * kept + 24 * kept) if stage == pp - 1 else 0  # final norm; the head
     if settings.recompute:
         # Full recompute: each layer keeps its input (and the rotary table, shared); backward recomputes one layer
         # at a time, after the head's saved tensors are gone. The recomputed layer's input is the one kept.
-        kept_inputs = e * h * tn
-        return (
-            first + e * head_dim * t + max(chunk_layers * kept_inputs + last, (chunk_layers - 1) * kept_inputs + layer)
-        )
-    return first + chunk_layers * layer + last
+        inputs = e * h * tn
+        return first + e * head_dim * t + max(len(mine) * inputs + last, (len(mine) - 1) * inputs + max(kinds))
+    return first + sum(kinds) + last
 
 
 MEMORY_MODEL = MemoryModel(state_bytes=state_bytes, activation_bytes=activation_bytes)
