@@ -1,11 +1,12 @@
 """`verl plan RECIPE --suggest`: the layouts a run can take on its devices, those whose estimated peak memory fits
 (verl.memory_plan) with validate's margin, ranked by the throughput model (verl.throughput_model), each as the overrides that give it.
 
-Searched: the megatron actor's tensor and pipeline parallel sizes (the reference follows the actor's unless it sets
-its own), the rollout's
-tensor parallel size, and per layout the least costly way to fit: as the recipe has it, then with activation
-recompute, then half the update's micro-batch too, then the optimizer in host memory too. Every role stays in the
-recipe's pools (a pool split changes the algorithm: a rollout on its own devices runs a step ahead).
+Searched: the pools (the recipe's; a rollout sharing the actor's devices also given a quarter or half of them for
+its own, steps staying synchronous), the megatron actor's tensor, pipeline, context (sequences of 8k tokens and
+more) and expert (a mixture of experts: the recipe's, half and twice it) parallel sizes, the reference following
+the actor's where it sets its own, the vLLM/SGLang rollout's tensor parallel size; and per layout the least costly
+way to fit: as the recipe has it, then with activation recompute, then half the update's micro-batch too, then the
+optimizer in host memory too. An overlapped trainer.mode is not searched: it changes what the algorithm trains on.
 """
 
 from __future__ import annotations
@@ -31,49 +32,88 @@ class Candidate:
         return self.samples / self.time.total
 
 
-def _apply(cfg: Any, overrides: Tuple[str, ...]) -> Any:
+def _apply(cfg: Any, overrides: Tuple[str, ...]) -> Optional[Any]:
+    """`cfg` with key=value overrides, read as the command line reads them (None: they do not apply)."""
+    from verl.config.errors import errors
+    from verl.config.loader import read_config
+
+    changed, problems = read_config(cfg, list(overrides))
+    return None if changed is None or errors(problems) else changed
+
+
+def _unchanged(cfg: Any, override: str) -> bool:
+    """Whether `key=value` sets what `cfg` already has (left out of a suggestion)."""
     import yaml
     from omegaconf import OmegaConf
 
-    changed = cfg.copy()
-    for item in overrides:
-        key, _, value = item.partition("=")
-        OmegaConf.update(changed, key, yaml.safe_load(value), merge=False)
-    return changed
+    key, _, value = override.partition("=")
+    if key == "placement.pools":
+        return False
+    return OmegaConf.select(cfg, key) == yaml.safe_load(value)
 
 
 def _divisors(n: int, options: Tuple[int, ...]) -> List[int]:
     return [k for k in options if n % k == 0]
 
 
+def _pool_variants(plan: Any) -> Iterator[Tuple[Tuple[str, ...], int, int]]:
+    """(overrides, training devices, rollout devices): the recipe's pools, and where the rollout shares the actor's
+    pool, that pool split with a quarter or half of its devices for the rollout (synchronous steps: generation on
+    its devices, then training on the others)."""
+    pool = next(p for p in plan.pools if "actor" in p.roles)
+    rollout_pool = next((p for p in plan.pools if "rollout" in p.roles), None)
+    yield (), pool.size, rollout_pool.size if rollout_pool else 0
+    if rollout_pool is None or rollout_pool is not pool or pool.size < 4:
+        return
+    trained = [r for r in pool.roles if r != "rollout"]
+    for share in (4, 2):
+        gen = pool.size // share
+        pools = f"[{{name: train, roles: [{', '.join(trained)}], devices: {pool.size - gen}}}, {{name: rollout, roles: [rollout], devices: {gen}}}]"
+        yield (f"placement.pools={pools}",), pool.size - gen, gen
+
+
 def layouts(cfg: Any, plan: Any, hf_config: Any) -> Iterator[Tuple[str, ...]]:
     """Overrides of every layout in the search space (the recipe's own first)."""
     heads = int(hf_config.num_attention_heads)
     kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or heads)
+    experts = int(getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None) or 0)
     node = plan.devices_per_node
     actor = plan.layout("actor")
-    pool = next(p for p in plan.pools if "actor" in p.roles).size
-    trains: List[Tuple[str, ...]] = [()]
-    if actor.backend == "megatron":
-        trains = []
-        for tp in _divisors(math.gcd(heads, kv_heads), (1, 2, 4, 8)):
-            for pp in _divisors(int(hf_config.num_hidden_layers), (1, 2, 4)):
-                if tp <= node and pool % (tp * pp * actor.cp) == 0:
-                    keys = [f"actor.parallel.tp={tp}", f"actor.parallel.pp={pp}"]
-                    if plan.has("ref") and not plan.ref_from_actor and cfg.ref.get("parallel") is not None:
-                        keys += [f"ref.parallel.tp={tp}", f"ref.parallel.pp={pp}"]
-                    trains.append(tuple(keys))
-    rollouts: List[Tuple[str, ...]] = [()]
-    if plan.has("rollout") and plan.role("rollout").backend in ("vllm", "sglang"):
-        rollout_pool = next(p for p in plan.pools if "rollout" in p.roles).size
-        rollouts = [
-            (f"rollout.parallel.tp={tp}",)
-            for tp in _divisors(heads, (1, 2, 4, 8))
-            if tp <= node and rollout_pool % tp == 0
-        ]
-    for train in trains:
-        for rollout in rollouts:
-            yield train + rollout
+    follow = plan.has("ref") and not plan.ref_from_actor and cfg.ref.get("parallel") is not None
+    long = plan.prompt_length + plan.response_length >= 8192
+    for pools, train_devices, gen_devices in _pool_variants(plan):
+        trains: List[Tuple[str, ...]] = [()]
+        if actor.backend == "megatron":
+            trains = []
+            for tp in _divisors(math.gcd(heads, kv_heads), (1, 2, 4, 8)):
+                for pp in _divisors(int(hf_config.num_hidden_layers), (1, 2, 4)):
+                    for cp in (1, 2) if long else (actor.cp,):
+                        for ep in _expert_sizes(actor.ep, experts):
+                            split = tp * pp * cp
+                            if tp > node or train_devices % split or (train_devices // (pp)) % (ep * tp):
+                                continue
+                            sizes = {"tp": tp, "pp": pp, "cp": cp, "ep": ep}
+                            keys = [f"actor.parallel.{k}={v}" for k, v in sizes.items()]
+                            if follow:
+                                keys += [f"ref.parallel.{k}={v}" for k, v in sizes.items()]
+                            trains.append(tuple(keys))
+        rollouts: List[Tuple[str, ...]] = [()]
+        if plan.has("rollout") and plan.role("rollout").backend in ("vllm", "sglang"):
+            rollouts = [
+                (f"rollout.parallel.tp={tp}",)
+                for tp in _divisors(heads, (1, 2, 4, 8))
+                if tp <= node and gen_devices % tp == 0
+            ]
+        for train in trains:
+            for rollout in rollouts:
+                yield pools + train + rollout
+
+
+def _expert_sizes(ep: int, experts: int) -> List[int]:
+    """Expert-parallel sizes to try: the recipe's, half and twice it (a mixture of experts; a dense model: 1)."""
+    if not experts:
+        return [1]
+    return [e for e in dict.fromkeys((ep, max(1, ep // 2), ep * 2)) if experts % e == 0]
 
 
 def _fits(cfg: Any, plan: Any) -> Iterator[Tuple[str, ...]]:
@@ -94,6 +134,8 @@ def _evaluate(cfg: Any, overrides: Tuple[str, ...], device_bytes: int, s: Speeds
     from verl.config.validate import validate_and_plan
 
     changed = _apply(cfg, overrides)
+    if changed is None:
+        return None
     plan, _ = validate_and_plan(changed, strict=False)
     if plan is None:
         return None
@@ -129,7 +171,8 @@ def suggest(
     found: List[Candidate] = []
     for layout in layouts(cfg, plan, hf_config):
         for extra in _fits(cfg, plan):
-            candidate = _evaluate(cfg, tuple(dict.fromkeys(layout + extra)), device_bytes, s, hf_config)
+            changes = tuple(o for o in dict.fromkeys(layout + extra) if not _unchanged(cfg, o))
+            candidate = _evaluate(cfg, changes, device_bytes, s, hf_config)
             if candidate is not None:
                 found.append(candidate)
                 break

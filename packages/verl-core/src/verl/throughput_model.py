@@ -11,7 +11,8 @@ Not a prediction of seconds: a way to compare layouts of one run on one kind of 
   bubble ((pp - 1) / micro-batches);
 - communication adds, unoverlapped: tensor parallelism's all-reduces of activations over the node's links (four a
   layer for each training token, two for each log-prob token), the data-parallel gradient reduce-scatter and weight
-  all-gather per optimizer step over the node's links or the network when data-parallel ranks span nodes.
+  all-gather per optimizer step over the node's links or the network when data-parallel ranks span nodes, and a
+  rollout on a pool of its own receiving the weights after every update.
 """
 
 from __future__ import annotations
@@ -121,6 +122,10 @@ def step_time(cfg: Any, plan: Any, hf_config: Any, s: Speeds, kv_capacity: Optio
             shard = params / (layout.tp * layout.pp)
             volume = rp.train.optimizer_steps_per_step * shard * (4 + e) * (layout.dp - 1) / layout.dp
             communicate += volume / (link * 1e9)
+    actor_pool = next(p for p in plan.pools if "actor" in p.roles)
+    if "rollout" not in actor_pool.roles:  # the weights cross to the rollout's pool after every update
+        link = s.network_gbps if plan.nnodes > 1 else s.node_link_gbps
+        communicate += params * e / (link * 1e9)
     return StepTime(generate=generate, train=train, communicate=communicate)
 
 
