@@ -180,7 +180,7 @@ def phases(cfg: Any, plan: Any, models: Dict[str, RoleModel], device_bytes: Opti
         if "rollout" in pool.roles:
             steps.append(("generate", None, False))
         for r in ("actor", "ref", "critic"):
-            if r in models and r in pool.roles and models[r].pass_logits >= 0 and plan.role(r).micro_batch:
+            if r in models and r in pool.roles and plan.role(r).micro_batch:
                 if not (r == "actor" and plan.old_log_probs == "update"):
                     steps.append((f"{r} log-probs" if r != "critic" else "critic values", r, False))
         for r in ("actor", "critic"):
