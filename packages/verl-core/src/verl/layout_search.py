@@ -33,12 +33,14 @@ class Candidate:
 
 
 def _apply(cfg: Any, overrides: Tuple[str, ...]) -> Optional[Any]:
-    """`cfg` with key=value overrides, read as the command line reads them (None: they do not apply)."""
-    from verl.config.errors import errors
-    from verl.config.loader import read_config
+    """`cfg` with key=value overrides (values as YAML, merged onto the schema's types; None: they do not apply)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
-    changed, problems = read_config(cfg, list(overrides))
-    return None if changed is None or errors(problems) else changed
+    try:
+        return OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    except OmegaConfBaseException:
+        return None
 
 
 def _unchanged(cfg: Any, override: str) -> bool:
