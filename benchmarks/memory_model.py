@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [str(ROOT / "packages" / p / "src") for p in ("verl-core", "verl-kernels", "verl-fsdp", "verl-megatron")]
 sys.path[:0] = SOURCES
 
-from machine import cpu_name  # noqa: E402
+from machine import machine_line, write_report  # noqa: E402
 from verl.memory_model import MicroBatch, PassSettings  # noqa: E402
 from verl.utils.saved_activations import SavedActivations  # noqa: E402
 
@@ -214,7 +214,7 @@ def main() -> None:
         "# Memory model: estimates against what the engines hold (CPU)",
         "",
         f"- date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"- machine: {cpu_name()}, {os.cpu_count()} cores; torch {torch.__version__}",
+        f"- machine: {machine_line()}",
         f"- model: random Llama {SHAPE}; the `moe` layouts a random Qwen3-MoE {MOE_SHAPE}; float32; AdamW",
         f"- batch: {args.rows} rows x {args.seq} tokens ({args.seq // 2} response tokens), one micro-batch, every rank",
         "- state: parameters + gradients + optimizer bytes on the rank, counted from its tensors' storages after the "
@@ -234,8 +234,7 @@ def main() -> None:
             f"| {name} | {rank} | {total / 2**20:.2f} MiB | {counted} | {acts / 2**20:.2f} | {saved / 2**20:.2f} | "
             f"{acts / saved:.3f} | {rss / 2**20:.0f} |"
         )
-    Path(args.out).write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, lines)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""`verl validate` prints each FSDP role's state per rank (verl.memory_model), worked out here by hand from the
-model's parameters: fp32 weights, fp32 gradients and AdamW's two fp32 moments plus a 4-byte step per tensor."""
+"""`verl validate`'s memory section: each role's state per rank (the FSDP one worked out here by hand from the
+model's parameters: fp32 weights, fp32 gradients and AdamW's two fp32 moments plus a 4-byte step per tensor), the
+phase table, and the refusal of a peak over the device's memory."""
 
 from __future__ import annotations
 
@@ -11,18 +12,25 @@ from verl.cli import main
 from verl.memory_model import size_text
 
 
-def test_validate_prints_the_actor_and_reference_state_per_rank(tmp_path, capsys):
-    cfg = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=False,
+def _tiny_llama(path) -> LlamaForCausalLM:
+    """A 2-layer GQA Llama saved at `path` (untied)."""
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=False,
+        )
     )
-    model = LlamaForCausalLM(cfg)
-    model.save_pretrained(tmp_path / "model")
+    model.save_pretrained(path)
+    return model
+
+
+def test_validate_prints_the_actor_and_reference_state_per_rank(tmp_path, capsys):
+    model = _tiny_llama(tmp_path / "model")
     params = list(model.parameters())
     numel = sum(p.numel() for p in params)
     overrides = [
@@ -52,16 +60,7 @@ def test_validate_prints_each_pipeline_stage_of_a_megatron_actor(tmp_path, capsy
     from verl_megatron.memory_model import state_bytes
 
     path = tmp_path / "model"
-    LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=64,
-            hidden_size=32,
-            intermediate_size=48,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    ).save_pretrained(path)
+    _tiny_llama(path)
     overrides = [f"model.path={path}", "actor.backend=megatron", "actor.parallel.pp=2", "placement.devices_per_node=2"]
     code = main(["validate", str(RECIPES / "grpo_tiny.yaml"), *overrides])
     out = capsys.readouterr().out
@@ -72,20 +71,6 @@ def test_validate_prints_each_pipeline_stage_of_a_megatron_actor(tmp_path, capsy
         assert f"parameters {size_text(stage.params)}, gradients {size_text(stage.grads)}" in line, line
         assert f"optimizer {size_text(stage.optimizer)}" in line
     assert code == 0, out
-
-
-def _tiny_llama(path) -> None:
-    LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=64,
-            hidden_size=32,
-            intermediate_size=48,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            tie_word_embeddings=False,
-        )
-    ).save_pretrained(path)
 
 
 def test_the_phase_table_sums_what_each_phase_keeps_and_honours_offload(tmp_path, capsys):

@@ -7,7 +7,7 @@ import pytest
 from transformers import AutoConfig
 
 from tests.support.engines import gloo_world_one, policy_batch  # noqa: F401
-from tests.support.fixtures import embedded_cache  # noqa: F401
+from tests.support.fixtures import decoders, embedded_cache  # noqa: F401
 from verl.config.schema import OptimConfig
 from verl.engine_protocol import EngineConfig
 from verl_fsdp.memory_model import fsdp_state_bytes, hf_parameter_shapes, shard_rows, trained_shapes
@@ -79,20 +79,6 @@ def test_lora_trains_the_adapters_alone(gloo_world_one, embedded_cache, kind):  
         assert engine.held_bytes()["params"] == estimate.params
 
 
-@pytest.fixture(scope="module")
-def decoders(tmp_path_factory):
-    """A Llama (untied, GQA) and a Qwen3 (qk-norm, head_dim apart from hidden/heads, tied), random."""
-    from tests.support.megatron_workers import random_model_dir
-
-    root = tmp_path_factory.mktemp("decoders")
-    return {
-        "llama": random_model_dir(str(root / "llama"), "llama", tie=False, layers=2, vocab=300, hidden=32),
-        "qwen3": random_model_dir(str(root / "qwen3"), "qwen3", tie=True, layers=2, vocab=300, hidden=32),
-        # 4 experts, top 2, layer 1 dense (mlp_only_layers)
-        "qwen3_moe": random_model_dir(str(root / "moe"), "qwen3_moe", tie=False, layers=2, vocab=300, hidden=32),
-    }
-
-
 @pytest.mark.parametrize(
     "model, recompute, fused, entropy",
     [
@@ -108,7 +94,7 @@ def decoders(tmp_path_factory):
 )
 def test_activation_estimate_equals_the_bytes_saved_for_backward(
     gloo_world_one,  # noqa: F811
-    decoders,
+    decoders,  # noqa: F811
     model,
     recompute,
     fused,

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoConfig
 
 from tests.support.engines import gloo_world_one, policy_batch  # noqa: F401
-from tests.support.fixtures import embedded_cache  # noqa: F401
+from tests.support.fixtures import decoders, embedded_cache  # noqa: F401
 from verl.config.schema import OptimConfig
 from verl.engine_protocol import EngineConfig
 from verl_megatron.memory_model import Param, buckets, chunk_state, state_bytes
@@ -96,20 +96,6 @@ def test_estimate_equals_the_engines_storages(estimates, gloo_world_one, embedde
         assert engine.held_bytes()["params"] == estimate.params and engine.held_bytes()["grads"] == estimate.grads
     reference = MegatronEngine(EngineConfig(model_path=path, kind=kind, total_steps=1, parallel=dict(ONE)))
     assert reference.held_bytes() == frozen.as_dict() and frozen.grads == frozen.optimizer == 0
-
-
-@pytest.fixture(scope="module")
-def decoders(tmp_path_factory):
-    """A Llama (untied, GQA) and a Qwen3 (qk-norm, head_dim apart from hidden/heads, tied), random."""
-    from tests.support.megatron_workers import random_model_dir
-
-    root = tmp_path_factory.mktemp("decoders")
-    return {
-        "llama": random_model_dir(str(root / "llama"), "llama", tie=False, layers=2, vocab=300, hidden=32),
-        "qwen3": random_model_dir(str(root / "qwen3"), "qwen3", tie=True, layers=2, vocab=300, hidden=32),
-        # 4 experts, top 2, layer 1 dense (mlp_only_layers)
-        "qwen3_moe": random_model_dir(str(root / "moe"), "qwen3_moe", tie=False, layers=2, vocab=300, hidden=32),
-    }
 
 
 @pytest.mark.parametrize("recompute", [False, True], ids=["stored", "recompute"])

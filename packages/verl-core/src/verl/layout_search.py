@@ -15,13 +15,17 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterator, List, Optional, Tuple
 
-from verl.memory_plan import WARN_SHARE, device_memory, estimate
+from verl.decoder_dims import Dims
+from verl.memory_model import compute_dtype, size_text
+from verl.memory_plan import WARN_SHARE, cfg_value, device_memory, replan, value_text
 from verl.throughput_model import Speeds, StepTime, speeds, step_time
+
+Override = Tuple[str, Any]  # (key, value)
 
 
 @dataclass(frozen=True)
 class Candidate:
-    overrides: Tuple[str, ...]
+    overrides: Tuple[Override, ...]
     peak: int  # bytes: the largest phase on the busiest rank
     peak_phase: str
     time: StepTime
@@ -32,33 +36,11 @@ class Candidate:
         return self.samples / self.time.total
 
 
-def _apply(cfg: Any, overrides: Tuple[str, ...]) -> Optional[Any]:
-    """`cfg` with key=value overrides (values as YAML, merged onto the schema's types; None: they do not apply)."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        return OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
-    except OmegaConfBaseException:
-        return None
-
-
-def _unchanged(cfg: Any, override: str) -> bool:
-    """Whether `key=value` sets what `cfg` already has (left out of a suggestion)."""
-    import yaml
-    from omegaconf import OmegaConf
-
-    key, _, value = override.partition("=")
-    if key == "placement.pools":
-        return False
-    return OmegaConf.select(cfg, key) == yaml.safe_load(value)
-
-
 def _divisors(n: int, options: Tuple[int, ...]) -> List[int]:
     return [k for k in options if n % k == 0]
 
 
-def _pool_variants(plan: Any) -> Iterator[Tuple[Tuple[str, ...], int, int]]:
+def _pool_variants(plan: Any) -> Iterator[Tuple[Tuple[Override, ...], int, int]]:
     """(overrides, training devices, rollout devices): the recipe's pools, and where the rollout shares the actor's
     pool, that pool split with a quarter or half of its devices for the rollout (synchronous steps: generation on
     its devices, then training on the others)."""
@@ -70,39 +52,40 @@ def _pool_variants(plan: Any) -> Iterator[Tuple[Tuple[str, ...], int, int]]:
     trained = [r for r in pool.roles if r != "rollout"]
     for share in (4, 2):
         gen = pool.size // share
-        pools = f"[{{name: train, roles: [{', '.join(trained)}], devices: {pool.size - gen}}}, {{name: rollout, roles: [rollout], devices: {gen}}}]"
-        yield (f"placement.pools={pools}",), pool.size - gen, gen
+        pools = [
+            {"name": "train", "roles": trained, "devices": pool.size - gen},
+            {"name": "rollout", "roles": ["rollout"], "devices": gen},
+        ]
+        yield (("placement.pools", pools),), pool.size - gen, gen
 
 
-def layouts(cfg: Any, plan: Any, hf_config: Any) -> Iterator[Tuple[str, ...]]:
+def layouts(cfg: Any, plan: Any, d: Dims) -> Iterator[Tuple[Override, ...]]:
     """Overrides of every layout in the search space (the recipe's own first)."""
-    heads = int(hf_config.num_attention_heads)
-    kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or heads)
-    experts = int(getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None) or 0)
+    heads, kv_heads, experts = d.heads, d.kv_heads, d.experts
     node = plan.devices_per_node
     actor = plan.layout("actor")
     follow = plan.has("ref") and not plan.ref_from_actor and cfg.ref.get("parallel") is not None
     long = plan.prompt_length + plan.response_length >= 8192
     for pools, train_devices, gen_devices in _pool_variants(plan):
-        trains: List[Tuple[str, ...]] = [()]
+        trains: List[Tuple[Override, ...]] = [()]
         if actor.backend == "megatron":
             trains = []
             for tp in _divisors(math.gcd(heads, kv_heads), (1, 2, 4, 8)):
-                for pp in _divisors(int(hf_config.num_hidden_layers), (1, 2, 4)):
+                for pp in _divisors(d.layers, (1, 2, 4)):
                     for cp in (1, 2) if long else (actor.cp,):
                         for ep in _expert_sizes(actor.ep, experts):
                             split = tp * pp * cp
                             if tp > node or train_devices % split or (train_devices // (pp)) % (ep * tp):
                                 continue
                             sizes = {"tp": tp, "pp": pp, "cp": cp, "ep": ep}
-                            keys = [f"actor.parallel.{k}={v}" for k, v in sizes.items()]
+                            keys = [(f"actor.parallel.{k}", v) for k, v in sizes.items()]
                             if follow:
-                                keys += [f"ref.parallel.{k}={v}" for k, v in sizes.items()]
+                                keys += [(f"ref.parallel.{k}", v) for k, v in sizes.items()]
                             trains.append(tuple(keys))
-        rollouts: List[Tuple[str, ...]] = [()]
+        rollouts: List[Tuple[Override, ...]] = [()]
         if plan.has("rollout") and plan.role("rollout").backend in ("vllm", "sglang"):
             rollouts = [
-                (f"rollout.parallel.tp={tp}",)
+                (("rollout.parallel.tp", tp),)
                 for tp in _divisors(heads, (1, 2, 4, 8))
                 if tp <= node and gen_devices % tp == 0
             ]
@@ -118,43 +101,37 @@ def _expert_sizes(ep: int, experts: int) -> List[int]:
     return [e for e in dict.fromkeys((ep, max(1, ep // 2), ep * 2)) if experts % e == 0]
 
 
-def _fits(cfg: Any, plan: Any) -> Iterator[Tuple[str, ...]]:
+def _fits(cfg: Any) -> Iterator[Tuple[Override, ...]]:
     """The ways to fit a layout, least costly first."""
-    yield ()
-    yield ("model.gradient_checkpointing=true",)
+    recompute: Override = ("model.gradient_checkpointing", True)
     actor = cfg.actor
-    half = (
-        f"actor.ppo_max_tokens_per_device={max(1, int(actor.ppo_max_tokens_per_device) // 2)}"
-        if actor.get("ppo_max_tokens_per_device")
-        else f"actor.ppo_micro_batch_size_per_device={max(1, int(actor.ppo_micro_batch_size_per_device) // 2)}"
+    tokens = actor.get("ppo_max_tokens_per_device")
+    half: Override = (
+        ("actor.ppo_max_tokens_per_device", max(1, int(tokens) // 2))
+        if tokens
+        else ("actor.ppo_micro_batch_size_per_device", max(1, int(actor.ppo_micro_batch_size_per_device) // 2))
     )
-    yield ("model.gradient_checkpointing=true", half)
-    yield ("model.gradient_checkpointing=true", half, "actor.optimizer_offload=true")
+    yield ()
+    yield (recompute,)
+    yield (recompute, half)
+    yield (recompute, half, ("actor.optimizer_offload", True))
 
 
-def _evaluate(cfg: Any, overrides: Tuple[str, ...], device_bytes: int, s: Speeds, hf: Any) -> Optional[Candidate]:
-    from verl.config.validate import validate_and_plan
-
-    changed = _apply(cfg, overrides)
-    if changed is None:
+def _evaluate(cfg: Any, overrides: Tuple[Override, ...], device_bytes: int, s: Speeds, d: Dims) -> Optional[Candidate]:
+    planned = replan(cfg, overrides)
+    if planned is None:
         return None
-    plan, _ = validate_and_plan(changed, strict=False)
-    if plan is None:
-        return None
-    table, notes = estimate(changed, plan)
-    if notes or not table:
-        return None
+    changed, plan, table = planned
     top = max(table, key=lambda p: p.peak)
     if top.peak > WARN_SHARE * device_bytes:  # (what validate would warn of is no suggestion)
         return None
     kv = None
     if plan.has("rollout") and plan.role("rollout").backend in ("vllm", "sglang"):
-        from verl.throughput_model import _count
-
+        # what a replica's share of its devices leaves for the cache once it holds every expert's weights
         rollout = plan.role("rollout").layout
-        weights = _count(hf) * 2 / rollout.tp
+        weights = d.parameters() * compute_dtype(changed, plan).itemsize / rollout.tp
         kv = rollout.tp * max(1.0, float(changed.rollout.gpu_memory_utilization) * device_bytes - weights)
-    time = step_time(changed, plan, hf, s, kv_capacity=kv)
+    time = step_time(changed, plan, d, s, kv_capacity=kv)
     return Candidate(overrides, top.peak, top.name, time, plan.batch.samples)
 
 
@@ -170,22 +147,22 @@ def suggest(
             "the search needs the device: placement.accelerator (one of the known ones), or "
             "placement.device_memory_gb and every planner.* speed"
         )
+    d = Dims.of(hf_config)
     found: List[Candidate] = []
-    for layout in layouts(cfg, plan, hf_config):
-        for extra in _fits(cfg, plan):
-            changes = tuple(o for o in dict.fromkeys(layout + extra) if not _unchanged(cfg, o))
-            candidate = _evaluate(cfg, changes, device_bytes, s, hf_config)
+    for layout in layouts(cfg, plan, d):
+        for extra in _fits(cfg):
+            changes = tuple(o for o in dict(layout + extra).items() if cfg_value(cfg, o[0]) != o[1])
+            candidate = _evaluate(cfg, changes, device_bytes, s, d)
             if candidate is not None:
                 found.append(candidate)
                 break
     found.sort(key=lambda c: c.time.total)
-    own = _evaluate(cfg, (), device_bytes, s, hf_config)
+    # the recipe's own layout, when the search met it, else on its own
+    own = next((c for c in found if not c.overrides), None) or _evaluate(cfg, (), device_bytes, s, d)
     return found[:limit], own, s, device_bytes
 
 
 def _line(c: Candidate) -> str:
-    from verl.memory_model import size_text
-
     t = c.time
     return (
         f"~{c.samples_per_s:.1f} samples/s (step ~{t.total:.0f} s: generate {t.generate:.0f}, train {t.train:.0f}, "
@@ -194,13 +171,12 @@ def _line(c: Candidate) -> str:
 
 
 def format_suggestions(found: List[Candidate], own: Optional[Candidate], s: Speeds, device_bytes: int) -> List[str]:
-    from verl.memory_model import size_text
-
     lines = [f"throughput model: {s.text()}; {size_text(device_bytes)} per device"]
     lines.append("the recipe as it is: " + (_line(own) if own else f"does not fit (over {WARN_SHARE:.0%} of a device)"))
     if not found:
         return lines + ["no layout in the search fits (more devices, a shorter response length or a smaller batch)"]
     for i, c in enumerate(found, 1):
         lines.append(f"{i}. {_line(c)}")
-        lines.append("   " + (" ".join(c.overrides) if c.overrides else "(the recipe as it is)"))
+        written = " ".join(f"{k}={value_text(v)}" for k, v in c.overrides)
+        lines.append("   " + (written or "(the recipe as it is)"))
     return lines

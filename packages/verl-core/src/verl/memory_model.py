@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, List
+from typing import Any, Callable, Dict, List
 
 GIB = 2**30
 FP32 = 4
@@ -25,6 +25,9 @@ class StateBytes:
     @property
     def total(self) -> int:
         return self.params + self.grads + self.optimizer
+
+    def __add__(self, other: "StateBytes") -> "StateBytes":
+        return StateBytes(self.params + other.params, self.grads + other.grads, self.optimizer + other.optimizer)
 
     def as_dict(self) -> dict:
         return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer}
@@ -74,6 +77,13 @@ class MemoryModel:
 
     state_bytes: Callable[..., List["StateBytes"]]
     activation_bytes: Callable[..., int]
+    # how the engine holds things outside those: its weights in fp32 whatever it computes in (FSDP's master
+    # weights: a gathered copy for generation is the compute dtype's); its gradients kept between steps (megatron's
+    # grad buffer, given back only with the weights offloaded); log-probs through a vocab-parallel path that keeps
+    # no [tokens, vocab] logits (megatron's), so only their gradient's slice counts
+    fp32_weights: bool = False
+    keeps_gradients: bool = False
+    vocab_parallel_logits: bool = False
 
 
 def size_text(n: int) -> str:
@@ -95,7 +105,7 @@ def format_state(role: str, where: str, state: StateBytes, trained: bool) -> str
     return f"{role} ({where}): {what}; {size_text(state.total)} in all"
 
 
-STATE_ROLES = (("actor", "causal_lm", True), ("critic", "value", True), ("ref", "causal_lm", False))
+TRAINED_ROLES = ("actor", "critic", "ref")  # the roles with a train engine (the reference's trains nothing)
 HOW = {  # (what the numbers are made of, said once per backend)
     "fsdp": "fsdp: fp32 master weights and gradients sharded over data-parallel ranks, AdamW's two fp32 moments",
     "megatron": "megatron: weights in the model dtype and fp32 gradients in DDP's padded buffers; the distributed "
@@ -110,48 +120,76 @@ def lora_of(cfg: Any, role: str) -> Any:
     return role_lora(cfg.critic if role == "critic" else cfg.actor) if role != "ref" else None
 
 
+def compute_dtype(cfg: Any, plan: Any) -> Any:
+    """The torch dtype the engines compute in: model.dtype on GPUs, float32 on CPU (EngineConfig.compute_dtype)."""
+    import torch
+
+    from verl.engine_protocol import DTYPES
+
+    return torch.float32 if plan.device == "cpu" else DTYPES[str(cfg.model.dtype)]
+
+
+def role_hf_config(cfg: Any, plan: Any, role: str) -> Any:
+    """The Hugging Face config of the role's model; ValueError when its config.json is not here."""
+    from transformers import AutoConfig
+
+    from verl.model_source import local_model_folder
+
+    path = str(plan.role(role).model_path or cfg.model.path)
+    folder = local_model_folder(path)
+    if folder is None:
+        raise ValueError(f"{path} is built, converted or downloaded at run time")
+    return AutoConfig.from_pretrained(folder)
+
+
+_STATES: Dict[Any, List[StateBytes]] = {}
+
+
+def role_states(cfg: Any, plan: Any, role: str, spec: Any) -> List[StateBytes]:
+    """The role's state on the largest rank of each pipeline stage, from its backend's memory model; kept per model,
+    layout and settings (validate's lines and table, and a search's re-plans, ask again)."""
+    kind, trains = ("value", True) if role == "critic" else ("causal_lm", role != "ref")
+    hf, rp, lora, dtype = role_hf_config(cfg, plan, role), plan.role(role), lora_of(cfg, role), compute_dtype(cfg, plan)
+    sizes = rp.layout.sizes()
+    key = (str(hf._name_or_path), tuple(sorted(sizes.items())), kind, trains, str(dtype), repr(lora), rp.backend)
+    if key not in _STATES:
+        with warnings.catch_warnings():  # (megatron announces its apex/TransformerEngine fallbacks: not news here)
+            warnings.simplefilter("ignore")
+            _STATES[key] = spec.load("memory_model").state_bytes(
+                hf, sizes, kind=kind, trains=trains, dtype=dtype, **({"lora": lora} if lora else {})
+            )
+    return _STATES[key]
+
+
 def state_lines(cfg: Any, plan: Any) -> List[str]:
     """The "# memory" section of `verl validate` / `--dry-run`: each training role's state on the largest rank of
     each pipeline stage, for a model whose config.json is here; what is not estimated says so."""
-    import torch
-    from transformers import AutoConfig
-
     from verl.backends import installed_backends
-    from verl.engine_protocol import DTYPES
-    from verl.model_source import local_model_folder
 
     installed = installed_backends()
-    dtype = torch.float32 if plan.device == "cpu" else DTYPES[str(cfg.model.dtype)]
     lines: List[str] = []
     backends = []
-    for role, kind, trains in STATE_ROLES:
+    for role in TRAINED_ROLES:
         if not plan.has(role) or (role == "ref" and plan.ref_from_actor):
             continue
         rp = plan.role(role)
-        path = str(rp.model_path or cfg.model.path)
         spec = installed.get(rp.backend)
         if spec is None or not spec.memory_model or spec.missing_requirements():
             lines.append(f"{role} ({rp.backend}): not estimated (the backend is not installed here)")
             continue
-        lora = lora_of(cfg, role)
-        folder = local_model_folder(path)
-        if folder is None:
-            lines.append(f"{role}: {path} is built, converted or downloaded at run time; its state is not estimated")
+        try:
+            stages = role_states(cfg, plan, role, spec)
+        except ValueError as e:  # (no config.json here)
+            lines.append(f"{role}: its state is not estimated: {e}")
             continue
-        sizes = rp.layout.sizes()
-        estimate = spec.load("memory_model").state_bytes
-        with warnings.catch_warnings():  # (megatron announces its apex/TransformerEngine fallbacks: not news here)
-            warnings.simplefilter("ignore")
-            hf = AutoConfig.from_pretrained(folder)
-            stages = estimate(hf, sizes, kind=kind, trains=trains, dtype=dtype, **({"lora": lora} if lora else {}))
-        layout = " ".join(f"{k}{v}" for k, v in sizes.items() if v and (v > 1 or k == "dp"))
+        layout = " ".join(f"{k}{v}" for k, v in rp.layout.sizes().items() if v and (v > 1 or k == "dp"))
         for i, state in enumerate(stages):
             where = (
-                f"{rp.backend}{' LoRA' if lora else ''} {layout}"
+                f"{rp.backend}{' LoRA' if lora_of(cfg, role) else ''} {layout}"
                 + (f", stage {i}" if len(stages) > 1 else "")
                 + ", its largest rank"
             )
-            lines.append(format_state(role, where, state, trains))
+            lines.append(format_state(role, where, state, role != "ref"))
         if rp.backend not in backends:
             backends.append(rp.backend)
     return lines + [f"({HOW[b]})" for b in backends if b in HOW]

@@ -17,11 +17,11 @@ rest and compares the peak with `placement.device_memory_gb`.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from verl.memory_model import FP32, GIB, MicroBatch, PassSettings, StateBytes, lora_of, size_text
+from verl.decoder_dims import Dims
+from verl.memory_model import FP32, GIB, MicroBatch, PassSettings, StateBytes, compute_dtype, role_states, size_text
 
 # Device memory of the accelerators a recipe may name (placement.accelerator), in GiB as torch reports it.
 ACCELERATORS: Dict[str, float] = {
@@ -55,28 +55,16 @@ class RoleModel:
     """What the phases need of one training role: its state on its largest rank, its passes' activations."""
 
     role: str
-    backend: str
     state: StateBytes
     param_offload: bool
     optimizer_offload: bool
+    keeps_gradients: bool  # (the backend's MemoryModel)
     update_activations: int = 0
     update_logits: int = 0  # the logits' transient tensors in the update (their gradient)
     pass_logits: int = 0  # the log-prob / value pass's logits for one micro-batch
     weights: int = 0  # the model in the compute dtype (what a colocated hf rollout generates with)
     kv_per_token: int = 0  # a KV cache entry of one token, all layers
     rank: int = 0  # the global rank that holds the most (its pipeline stage's first rank)
-
-
-def _hf_config(cfg: Any, plan: Any, role: str) -> Any:
-    from transformers import AutoConfig
-
-    from verl.model_source import local_model_folder
-
-    path = str(plan.role(role).model_path or cfg.model.path)
-    folder = local_model_folder(path)
-    if folder is None:
-        raise ValueError(f"{path} is built, converted or downloaded at run time")
-    return AutoConfig.from_pretrained(folder)
 
 
 def _micro(rows: Optional[int], max_tokens: Optional[int], seq: int, response: int) -> MicroBatch:
@@ -87,42 +75,29 @@ def _micro(rows: Optional[int], max_tokens: Optional[int], seq: int, response: i
     return MicroBatch(rows=int(rows or 1), seq=seq, response=response)
 
 
-def role_model(cfg: Any, plan: Any, role: str, spec: Any, dtype_bytes: int) -> RoleModel:
+def role_model(cfg: Any, plan: Any, role: str, spec: Any) -> RoleModel:
     """Ask the role's backend for its state and activations on its largest rank (the largest stage)."""
-    model = spec.load("memory_model")
-    kind = "value" if role == "critic" else "causal_lm"
-    trains = role != "ref"
-    hf = _hf_config(cfg, plan, role)
-    rp = plan.role(role)
-    sizes = rp.layout.sizes()
-    lora = lora_of(cfg, role)
-    import torch
+    from verl.memory_model import role_hf_config
 
-    dtype = {2: torch.bfloat16, 4: torch.float32}[dtype_bytes]
-    key = (str(hf._name_or_path), tuple(sorted(sizes.items())), kind, trains, str(dtype), repr(lora), rp.backend)
-    if key not in _STATES:  # (suggestions re-plan with other settings: most keep the layout)
-        with warnings.catch_warnings():  # (megatron announces its apex/TransformerEngine fallbacks: not news here)
-            warnings.simplefilter("ignore")
-            _STATES[key] = model.state_bytes(
-                hf, sizes, kind=kind, trains=trains, dtype=dtype, **({"lora": lora} if lora else {})
-            )
-    stages = _STATES[key]
+    model = spec.load("memory_model")
+    stages = role_states(cfg, plan, role, spec)
     stage = max(range(len(stages)), key=lambda i: stages[i].total)
     state = stages[stage]
-    section = getattr(cfg, role)
+    hf, rp, section = role_hf_config(cfg, plan, role), plan.role(role), getattr(cfg, role)
+    d, e = Dims.of(hf), compute_dtype(cfg, plan).itemsize
+    sizes = rp.layout.sizes()
     seq, response = plan.prompt_length + plan.response_length, plan.response_length
-    vocab = int(hf.vocab_size) if kind == "causal_lm" else 1
-    fused = bool(getattr(section, "use_fused_kernels", False)) or rp.backend == "megatron"
-    tp = int(sizes.get("tp") or 1)
+    vocab = d.vocab if role != "critic" else 1
+    fused = bool(getattr(section, "use_fused_kernels", False)) or model.vocab_parallel_logits
     out: Dict[str, Any] = {}
     if rp.micro_batch is not None:
         mb = _micro(rp.micro_batch, rp.max_tokens, seq, response)
         # no gradient: the head's output in the dtype and its fp32 log-softmax over the kept positions
-        out["pass_logits"] = 0 if fused else (dtype_bytes + 2 * FP32) * vocab * mb.rows * (response + 1)
-    if trains and rp.train is not None:
+        out["pass_logits"] = 0 if fused else (e + 2 * FP32) * vocab * mb.rows * (response + 1)
+    if role != "ref" and rp.train is not None:
         mb = _micro(rp.train.micro, rp.train.max_tokens, seq, response)
         settings = PassSettings(
-            dtype_bytes=dtype_bytes,
+            dtype_bytes=e,
             fused_attention=plan.device == "cuda",
             recompute=bool(cfg.model.gradient_checkpointing),
             fused_logits=fused,
@@ -141,29 +116,25 @@ def role_model(cfg: Any, plan: Any, role: str, spec: Any, dtype_bytes: int) -> R
         in_flight = min(int(sizes.get("pp") or 1), rp.train.micro_batches or 1)
         out["update_activations"] = per_micro * in_flight
         kept = mb.rows * response
-        out["update_logits"] = (FP32 * vocab // tp) * kept if fused else (FP32 + dtype_bytes) * vocab * kept
-    layers, kv_heads = int(hf.num_hidden_layers), int(getattr(hf, "num_key_value_heads", hf.num_attention_heads))
-    head_dim = int(getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
+        tp = int(sizes.get("tp") or 1)
+        out["update_logits"] = (FP32 * vocab // tp) * kept if fused else (FP32 + e) * vocab * kept
     return RoleModel(
         role=role,
-        backend=rp.backend,
         state=state,
         param_offload=bool(getattr(section, "param_offload", False)),
         optimizer_offload=bool(getattr(section, "optimizer_offload", False)),
-        weights=state.params * dtype_bytes // FP32 if rp.backend == "fsdp" else state.params,
-        kv_per_token=2 * layers * kv_heads * head_dim * dtype_bytes,
+        keeps_gradients=model.keeps_gradients,
+        weights=state.params * e // FP32 if model.fp32_weights else state.params,
+        kv_per_token=d.kv_cache_bytes_per_token(e),
         rank=rp.layout.first_rank + rp.layout.rank(pp=stage),
         **out,
     )
 
 
-_STATES: Dict[Any, List[StateBytes]] = {}
-
-
 def _resident(m: RoleModel, active: bool, updating: bool) -> Dict[str, int]:
     """What role `m` holds through a phase: all its state while it works (`active`), else what offload leaves."""
     s = m.state
-    grads = s.grads if (updating or (m.backend == "megatron" and not m.param_offload)) else 0
+    grads = s.grads if (updating or (m.keeps_gradients and not m.param_offload)) else 0
     return {
         f"{m.role} weights": s.params if (active or not m.param_offload) else 0,
         f"{m.role} gradients": grads,
@@ -253,10 +224,8 @@ def format_table(table: List[Phase], device_bytes: Optional[int]) -> List[str]:
 def estimate(cfg: Any, plan: Any) -> Tuple[List[Phase], List[str]]:
     """The phase table of a planned run, and a note for each role that is not estimated (and why)."""
     from verl.backends import installed_backends
-    from verl.engine_protocol import DTYPES
 
     installed = installed_backends()
-    dtype_bytes = FP32 if plan.device == "cpu" else DTYPES[str(cfg.model.dtype)].itemsize
     models: Dict[str, RoleModel] = {}
     notes: List[str] = []
     for role in ("actor", "ref", "critic"):
@@ -267,7 +236,7 @@ def estimate(cfg: Any, plan: Any) -> Tuple[List[Phase], List[str]]:
             notes.append(f"{role}: not estimated (its backend '{plan.role(role).backend}' is not installed here)")
             continue
         try:
-            models[role] = role_model(cfg, plan, role, spec, dtype_bytes)
+            models[role] = role_model(cfg, plan, role, spec)
         except (ValueError, OSError, RuntimeError, KeyError, TypeError) as e:
             notes.append(f"{role}: not estimated ({e})")
     return phases(cfg, plan, models, device_memory(cfg)[0]), notes
@@ -316,20 +285,41 @@ def cfg_value(cfg: Any, key: str) -> Any:
     return OmegaConf.select(cfg, key)
 
 
-def _peak_with(cfg: Any, overrides: List[Tuple[str, Any]], phase: Phase) -> Optional[int]:
-    """The phase's peak with `overrides` applied (None: the config does not plan with them)."""
+def with_overrides(cfg: Any, overrides: Sequence[Tuple[str, Any]]) -> Optional[Any]:
+    """`cfg` with (key, value) overrides merged onto the schema's types (None: a value does not fit its key)."""
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
+    nested: Dict[str, Any] = {}
+    for key, value in overrides:
+        *parents, last = key.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    try:
+        return OmegaConf.merge(cfg, nested)
+    except OmegaConfBaseException:
+        return None
+
+
+def replan(cfg: Any, overrides: Sequence[Tuple[str, Any]]) -> Optional[Tuple[Any, Any, List[Phase]]]:
+    """(config, plan, phase table) with `overrides` applied; None when the config does not plan with them or a
+    role's memory is not estimated."""
     from verl.config.validate import validate_and_plan
 
-    changed = OmegaConf.structured(cfg) if not OmegaConf.is_config(cfg) else cfg.copy()
-    for key, value in overrides:
-        OmegaConf.update(changed, key, value, merge=False)
-    plan, _ = validate_and_plan(changed, strict=False)
+    changed = with_overrides(cfg, overrides)
+    plan = validate_and_plan(changed, strict=False)[0] if changed is not None else None
     if plan is None:
         return None
-    table, _ = estimate(changed, plan)
-    return max((p.peak for p in table if p.pool == phase.pool), default=None)
+    table, notes = estimate(changed, plan)
+    return None if notes or not table else (changed, plan, table)
+
+
+def _peak_with(cfg: Any, overrides: List[Tuple[str, Any]], pool: str) -> Optional[int]:
+    """The pool's largest phase with `overrides` applied (None: the config does not plan with them)."""
+    planned = replan(cfg, overrides)
+    return max((p.peak for p in planned[2] if p.pool == pool), default=None) if planned else None
 
 
 def suggestions(cfg: Any, plan: Any, table: List[Phase], device_bytes: int) -> List[List[Tuple[str, Any]]]:
@@ -339,26 +329,31 @@ def suggestions(cfg: Any, plan: Any, table: List[Phase], device_bytes: int) -> L
     changes = list(dict.fromkeys(c for p in over for c in _candidates(cfg, plan, p)))
     fits, together = [], []
     for change in changes:
-        peak = _peak_with(cfg, [change], over[0])
+        peak = _peak_with(cfg, [change], over[0].pool)
         if peak is not None and peak <= device_bytes:
             fits.append([change])
     if fits:
         return fits[:3]
     for change in changes:
         together.append(change)
-        peak = _peak_with(cfg, together, over[0])
+        peak = _peak_with(cfg, together, over[0].pool)
         if peak is not None and peak <= device_bytes:
             for extra in list(together):  # (drop what the others make unneeded)
                 rest = [c for c in together if c != extra]
-                peak = _peak_with(cfg, rest, over[0])
+                peak = _peak_with(cfg, rest, over[0].pool)
                 if peak is not None and peak <= device_bytes:
                     together = rest
             return [together]
     return []
 
 
-def _text(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
+def value_text(value: Any) -> str:
+    """A value as a key=value override writes it: YAML's true/false, a list or mapping in JSON (no spaces)."""
+    import json
+
+    if isinstance(value, bool):
+        return str(value).lower()
+    return json.dumps(value, separators=(",", ":")) if isinstance(value, (list, dict)) else str(value)
 
 
 def fit_problems(cfg: Any, plan: Any, table: List[Phase]) -> List[Any]:
@@ -373,7 +368,9 @@ def fit_problems(cfg: Any, plan: Any, table: List[Phase]) -> List[Any]:
     need = f"{top.name} needs ~{size_text(top.peak)} on rank {top.rank} (pool '{top.pool}')"
     if top.peak > device_bytes:
         options = suggestions(cfg, plan, table, device_bytes)
-        fix = " or ".join(", ".join(f"{k} {_text(cfg_value(cfg, k))} -> {_text(v)}" for k, v in o) for o in options)
+        fix = " or ".join(
+            ", ".join(f"{k} {value_text(cfg_value(cfg, k))} -> {value_text(v)}" for k, v in o) for o in options
+        )
         return [
             ConfigProblem(
                 source,

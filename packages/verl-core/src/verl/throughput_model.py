@@ -21,15 +21,18 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
-# planner.* defaults per accelerator: dense bf16 TFLOP/s, HBM GB/s, GB/s per GPU over the node's links and over the
-# network (one direction)
+from verl.decoder_dims import Dims
+from verl.memory_model import compute_dtype
+
+# planner.* defaults per accelerator: dense bf16 TFLOP/s (the SXM parts' figures benchmarks/machine.py measures MFU
+# against), HBM GB/s, GB/s per GPU over the node's links and over the network (one direction)
 ACCELERATOR_SPEEDS: Dict[str, Dict[str, float]] = {
-    "h100": {"peak_tflops": 989.0, "hbm_gbps": 3350.0, "node_link_gbps": 450.0, "network_gbps": 50.0},
-    "h200": {"peak_tflops": 989.0, "hbm_gbps": 4800.0, "node_link_gbps": 450.0, "network_gbps": 50.0},
+    "h100": {"peak_tflops": 989.4, "hbm_gbps": 3350.0, "node_link_gbps": 450.0, "network_gbps": 50.0},
+    "h200": {"peak_tflops": 989.4, "hbm_gbps": 4800.0, "node_link_gbps": 450.0, "network_gbps": 50.0},
     "b200": {"peak_tflops": 2250.0, "hbm_gbps": 8000.0, "node_link_gbps": 900.0, "network_gbps": 50.0},
     "a100-80gb": {"peak_tflops": 312.0, "hbm_gbps": 2039.0, "node_link_gbps": 300.0, "network_gbps": 25.0},
     "a100-40gb": {"peak_tflops": 312.0, "hbm_gbps": 1555.0, "node_link_gbps": 300.0, "network_gbps": 25.0},
-    "l40s": {"peak_tflops": 362.0, "hbm_gbps": 864.0, "node_link_gbps": 32.0, "network_gbps": 25.0},
+    "l40s": {"peak_tflops": 362.1, "hbm_gbps": 864.0, "node_link_gbps": 32.0, "network_gbps": 25.0},
 }
 DEFAULT_MFU = 0.4
 
@@ -73,23 +76,19 @@ class StepTime:
         return self.generate + self.train + self.communicate
 
 
-def step_time(cfg: Any, plan: Any, hf_config: Any, s: Speeds, kv_capacity: Optional[float] = None) -> StepTime:
+def step_time(cfg: Any, plan: Any, d: Dims, s: Speeds, kv_capacity: Optional[float] = None) -> StepTime:
     """Seconds of one step of the planned run by the model above (`kv_capacity`: bytes a rollout replica has for
     its KV cache; None: every sample of a replica at once)."""
-    from verl.engine_protocol import DTYPES
-
-    e = DTYPES[str(cfg.model.dtype)].itemsize if plan.device != "cpu" else 4
-    params = _count(hf_config)
-    h, layers = int(hf_config.hidden_size), int(hf_config.num_hidden_layers)
-    kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads)
-    head_dim = int(getattr(hf_config, "head_dim", None) or h // int(hf_config.num_attention_heads))
+    e = compute_dtype(cfg, plan).itemsize
+    params = d.parameters(active=True)
+    h, layers = d.hidden, d.layers
     samples = plan.batch.samples
     prompt, response = plan.prompt_length, plan.response_length
     flops = s.peak_tflops * 1e12 * s.mfu
     # generation: each replica decodes its samples
     rollout = plan.role("rollout").layout
     per_replica = math.ceil(samples / rollout.dp)
-    kv_token = 2 * layers * kv_heads * head_dim * e
+    kv_token = d.kv_cache_bytes_per_token(e)
     kv_all = per_replica * (prompt + response) * kv_token
     waves = max(1, math.ceil(kv_all / kv_capacity)) if kv_capacity else 1
     batch = math.ceil(per_replica / waves)
@@ -127,15 +126,3 @@ def step_time(cfg: Any, plan: Any, hf_config: Any, s: Speeds, kv_capacity: Optio
         link = s.network_gbps if plan.nnodes > 1 else s.node_link_gbps
         communicate += params * e / (link * 1e9)
     return StepTime(generate=generate, train=train, communicate=communicate)
-
-
-def _count(hf_config: Any) -> int:
-    """Parameters a token passes through (a mixture of experts: its top-k experts), from the config alone."""
-    h, i, layers = int(hf_config.hidden_size), int(hf_config.intermediate_size), int(hf_config.num_hidden_layers)
-    heads = int(hf_config.num_attention_heads)
-    head_dim = int(getattr(hf_config, "head_dim", None) or h // heads)
-    kv = int(getattr(hf_config, "num_key_value_heads", None) or heads) * head_dim
-    experts = int(getattr(hf_config, "num_experts_per_tok", 0) or 0)
-    mlp = 3 * h * (int(getattr(hf_config, "moe_intermediate_size", i)) * experts if experts else i)
-    embed = int(hf_config.vocab_size) * h * (1 if getattr(hf_config, "tie_word_embeddings", False) else 2)
-    return layers * (2 * h * heads * head_dim + 2 * h * kv + mlp) + embed

@@ -14,6 +14,7 @@ import copy
 import math
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from verl.decoder_dims import Dims
 from verl.memory_model import ADAM_STEP_BYTES, FP32, MemoryModel, MicroBatch, PassSettings, StateBytes
 
 
@@ -83,77 +84,41 @@ def state_bytes(
 QK_NORM = ("qwen3", "qwen3_moe")  # model types with per-head query/key RMSNorm
 
 
-def _dims(hf_config: Any) -> Dict[str, int]:
-    """The sizes a dense decoder's saved activations are made of (per token unless said)."""
-    heads = int(hf_config.num_attention_heads)
-    head_dim = int(getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads)
-    return {
-        "h": int(hf_config.hidden_size),
-        "i": int(hf_config.intermediate_size),
-        "heads": heads,
-        "head_dim": head_dim,
-        "q": heads * head_dim,
-        "kv": int(getattr(hf_config, "num_key_value_heads", None) or heads) * head_dim,
-        "layers": int(hf_config.num_hidden_layers),
-        "vocab": int(hf_config.vocab_size),
-    }
-
-
 def activation_bytes(
     hf_config: Any, sizes: Dict[str, Any], mb: MicroBatch, settings: PassSettings, *, stage: int = 0
 ) -> int:
     """Bytes autograd keeps for backward at the peak of one micro-batch's training pass through the FSDP engine's
-            Hugging Face decoder (sdpa attention), term by term what its modules save (tests/fsdp/test_fsdp_memory.py
-            measures them): Llama, Qwen2, Qwen3, Mistral and mixtures of experts (Qwen3-MoE: transformers' grouped
-    experts, each routed token through its k experts). Each
-        data-parallel rank runs its own micro-batches: `sizes` and `stage` change nothing."""
-    d, e, t = _dims(hf_config), settings.dtype_bytes, mb.tokens
-    h, q = d["h"], d["q"]
+    Hugging Face decoder (sdpa attention), term by term what its modules save (tests/fsdp/test_fsdp_memory.py
+    measures them): Llama, Qwen2, Qwen3, Mistral and mixtures of experts (Qwen3-MoE: transformers' grouped experts,
+    each routed token through its k experts). Each data-parallel rank runs its own micro-batches: `sizes` and
+    `stage` change nothing."""
+    d, e, t = Dims.of(hf_config), settings.dtype_bytes, mb.tokens
+    h, q, kv = d.hidden, d.q, d.kv
     # RMSNorm computes in fp32: its fp32 input (or copy), 1/rms, the normalized input and the output, in dtype
     norm = (FP32 * h + FP32 + 2 * e * h) * t
     # sdpa keeps q, k, v, its output and the log-sum-exp per head; under a mask transformers repeats k and v to
     # every query head (no native GQA), and each layer keeps the mask it was given, converted to the dtype
-    kv = d["kv"]
-    attention = (e * (2 * q + 2 * (q if mb.masked else kv)) + FP32 * d["heads"]) * t
+    attention = (e * (2 * q + 2 * (q if mb.masked else kv)) + FP32 * d.heads) * t
     attention += e * mb.rows * mb.seq**2 if mb.masked else 0
     if getattr(hf_config, "model_type", "") in QK_NORM:  # per-head RMSNorm on queries and keys, in fp32 too
-        attention += ((FP32 + e) * (q + kv) + FP32 * (d["heads"] + d["heads"] * kv // q)) * t
-    mlp = 4 * e * d["i"] * t  # gate, its SiLU, up, and their product (the down projection's input)
-    routed = routed_layers(hf_config)
-    if any(routed):
-        k, experts = int(hf_config.num_experts_per_tok), len_experts(hf_config)
-        i_moe = int(getattr(hf_config, "moe_intermediate_size", None) or d["i"])
-        # the router's fp32 softmax, top-k indices and normalised weights, the sorted indices; per routed token its
-        # input, gate|up [2i], SiLU, their product and the expert's output (weighted after)
-        moe = ((FP32 * experts + 40 * k + FP32) + k * e * (2 * h + 4 * i_moe)) * t
-    layers = sum(2 * norm + attention + (moe if r else mlp) for r in routed)
-    layer = 2 * norm + attention + (moe if any(routed) else mlp)  # (the largest: one recomputed at a time)
-    fixed = 8 * t + 2 * e * mb.rows * mb.seq * d["head_dim"]  # input ids; RoPE's cos and sin, shared by layers
+        attention += ((FP32 + e) * (q + kv) + FP32 * (d.heads + d.kv_heads)) * t
+    mlp = 4 * e * d.intermediate * t  # gate, its SiLU, up, and their product (the down projection's input)
+    # a routed layer: the router's fp32 softmax, top-k indices and normalised weights, the sorted indices; per
+    # routed token its input, gate|up [2i], SiLU, their product and the expert's output (weighted after)
+    k = d.top_k
+    moe = ((FP32 * d.experts + 40 * k + FP32) + k * e * (2 * h + 4 * d.expert_intermediate)) * t
+    layers = [2 * norm + attention + (moe if r else mlp) for r in d.routed]
+    fixed = 8 * t + 2 * e * mb.rows * mb.seq * d.head_dim  # input ids; RoPE's cos and sin, shared by layers
     kept = mb.rows * mb.response  # positions whose log-probs are taken
     head = (FP32 * h + FP32 + e * h) * t + e * h * mb.rows * (mb.response + 1)  # final norm; the head input slice
     if not settings.fused_logits:  # log-probs over the vocabulary in fp32; the entropy's log-softmax and softmax
-        head += FP32 * d["vocab"] * kept * (3 if settings.entropy else 1)
+        head += FP32 * d.vocab * kept * (3 if settings.entropy else 1)
     head += (FP32 + 8) * kept  # log-sum-exp, labels
     if settings.recompute:
         # Each layer keeps its input (torch's checkpoint holds it); backward recomputes one layer at a time, after
         # the head's saved tensors are gone; the recomputed layer's input is the one kept.
-        return fixed + max(d["layers"] * e * h * t + head, (d["layers"] - 1) * e * h * t + layer)
-    return fixed + layers + head
+        return fixed + max(d.layers * e * h * t + head, (d.layers - 1) * e * h * t + max(layers))
+    return fixed + sum(layers) + head
 
 
-def len_experts(hf_config: Any) -> int:
-    return int(getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None) or 0)
-
-
-def routed_layers(hf_config: Any) -> List[bool]:
-    """Which decoder layers route to experts (transformers' rule: every `decoder_sparse_step`-th, less
-    `mlp_only_layers`); all False for a dense model."""
-    n = int(hf_config.num_hidden_layers)
-    if not len_experts(hf_config):
-        return [False] * n
-    dense = set(getattr(hf_config, "mlp_only_layers", None) or [])
-    step = int(getattr(hf_config, "decoder_sparse_step", None) or 1)
-    return [i not in dense and (i + 1) % step == 0 for i in range(n)]
-
-
-MEMORY_MODEL = MemoryModel(state_bytes=state_bytes, activation_bytes=activation_bytes)
+MEMORY_MODEL = MemoryModel(state_bytes=state_bytes, activation_bytes=activation_bytes, fp32_weights=True)

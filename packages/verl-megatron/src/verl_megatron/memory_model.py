@@ -1,5 +1,6 @@
 """What a megatron role's state holds on one rank, before anything starts: parameters, gradients and optimizer
-state in bytes, laid out as megatron-core lays them out (verl.memory_model has the FSDP engine's).
+state in bytes, laid out as megatron-core lays them out (verl_fsdp.memory_model has the FSDP engine's); and the
+activations its layers keep for backward.
 
 The engine wraps each model chunk in megatron's DistributedDataParallel with the distributed optimizer and fp32
 gradient reduction. DDP puts the trained parameters of a chunk into contiguous buffers, one per parameter dtype,
@@ -19,7 +20,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Sequence, Tuple
 
+from verl.decoder_dims import Dims
 from verl.memory_model import ADAM_STEP_BYTES, FP32, MemoryModel, MicroBatch, PassSettings, StateBytes
+
+NONE = StateBytes(0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -86,13 +90,8 @@ def chunk_state(params: Sequence[Param], dp: int, expert_dp: int, rank: int = 0,
         if p.trains:
             groups.setdefault((p.expert, p.element_size), []).append(p)
     for (expert, _), group in groups.items():
-        part = _buffer_state(group, expert_dp, expert_rank) if expert else _buffer_state(group, dp, rank)
-        total = StateBytes(total.params + part.params, total.grads + part.grads, total.optimizer + part.optimizer)
+        total += _buffer_state(group, expert_dp, expert_rank) if expert else _buffer_state(group, dp, rank)
     return total
-
-
-def _sum(states: Sequence[StateBytes]) -> StateBytes:
-    return StateBytes(*(sum(getattr(s, f) for s in states) for f in ("params", "grads", "optimizer")))
 
 
 def module_params(module: Any, trains: bool) -> List[Param]:
@@ -132,10 +131,13 @@ def state_bytes(
         experts = [[p for p in params if p.expert] for params in stage]
         # (the largest dense slice plus the largest expert slice: at most what the largest rank holds)
         largest = [
-            max((_sum([chunk_state(c, dp, expert_dp, r, r) for c in part]) for r in range(n)), key=lambda s: s.total)
+            max(
+                (sum((chunk_state(c, dp, expert_dp, r, r) for c in part), NONE) for r in range(n)),
+                key=lambda s: s.total,
+            )
             for part, n in ((dense, dp), (experts, expert_dp))
         ]
-        out.append(_sum(largest))
+        out.append(largest[0] + largest[1])
     return out
 
 
@@ -169,22 +171,18 @@ def activation_bytes(
     choices, the permuted tokens and each routed token's expert MLP (k per token: balanced routing assumed, so with
     expert parallelism a rank's experts get k tokens per token it holds). The log-probs go through the
     vocab-parallel fused path: no [tokens, vocab] tensor."""
-    from verl_megatron import moe
     from verl_megatron.hf_config import architecture
 
+    d = Dims.of(hf_config)
     tp, pp, cp = (int(sizes.get(k) or 1) for k in ("tp", "pp", "cp"))
     etp = int(sizes.get("etp") or tp)
     chunks = int(sizes.get("vpp") or 1)
     sp = bool(sizes.get("sequence_parallel", tp > 1))
-    e = settings.dtype_bytes
-    h, i, layers = int(hf_config.hidden_size), int(hf_config.intermediate_size), int(hf_config.num_hidden_layers)
-    heads = int(hf_config.num_attention_heads)
-    head_dim = int(getattr(hf_config, "head_dim", None) or h // heads)
-    kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or heads)
+    e, h, head_dim = settings.dtype_bytes, d.hidden, d.head_dim
     seq = mb.seq // cp  # this rank's positions of each row
     t = mb.rows * seq
     tn = t // tp if sp else t  # tokens outside the tensor-parallel regions (norms, residual)
-    q, kv, i_local, heads_local = heads * head_dim // tp, max(kv_heads // tp, 1) * head_dim, i // tp, heads // tp
+    q, kv, i_local, heads_local = d.q // tp, max(d.kv_heads // tp, 1) * head_dim, d.intermediate // tp, d.heads // tp
     if settings.fused_attention:  # fused norm + linear: its input, 1/rms, normed output; flash: q, k, v, out, lse
         norm = (2 * e * h + FP32) * tn
         attention = norm + e * (2 * q + 2 * kv) * t + FP32 * heads_local * t + e * q * t
@@ -197,20 +195,14 @@ def activation_bytes(
         if architecture(hf_config).qk_norm:  # q's input and output; k's input (a view of the qkv output), output
             attention += (2 * e * q + e * (q + 2 * kv) + e * kv + FP32 * (heads_local + kv // head_dim)) * t
         dense = norm + 5 * e * i_local * t  # gate|up [2i], SiLU(gate) and up for their product, the product
-    routed = [False] * layers
-    if moe.is_moe(hf_config):
-        routed = moe.moe_layers(hf_config)
-        k, experts = int(hf_config.num_experts_per_tok), moe.num_experts(hf_config)
-        i_moe = int(getattr(hf_config, "moe_intermediate_size", None) or i) // etp
-        # the router's top-k indices and probabilities, its [experts, tokens] map and probabilities, the sorted
-        # indices; the permuted tokens and probabilities; per routed token fc1 [2i], SiLU, up, their product (and
-        # its copy weighted by the probability), fc2's input
-        moe_mlp = norm + ((20 * k + 5 * experts) + e * h * k + FP32 * k + 6 * e * i_moe * k) * tn
-    per_chunk = layers // (pp * chunks)
-    mine = [
-        layer for c in range(chunks) for layer in range((c * pp + stage) * per_chunk, (c * pp + stage + 1) * per_chunk)
-    ]
-    kinds = [attention + (moe_mlp if routed[layer] else dense) for layer in mine]
+    # a routed layer: the router's top-k indices and probabilities, its [experts, tokens] map and probabilities,
+    # the sorted indices; the permuted tokens and probabilities; per routed token fc1 [2i], SiLU, up, their product
+    # (and its copy weighted by the probability), fc2's input
+    k = d.top_k
+    moe_mlp = norm + ((20 * k + 5 * d.experts) + e * h * k + FP32 * k + 6 * e * (d.expert_intermediate // etp) * k) * tn
+    per_chunk = d.layers // (pp * chunks)
+    mine = [i for c in range(chunks) for i in range((c * pp + stage) * per_chunk, (c * pp + stage + 1) * per_chunk)]
+    kinds = [attention + (moe_mlp if d.routed[i] else dense) for i in mine]
     first = 8 * t if stage == 0 else 0  # input ids
     kept = mb.rows * mb.response // cp
     last = ((2 * e * h + FP32) * tn + e * h * kept + 24 * kept) if stage == pp - 1 else 0  # final norm; the head
@@ -222,4 +214,6 @@ def activation_bytes(
     return first + sum(kinds) + last
 
 
-MEMORY_MODEL = MemoryModel(state_bytes=state_bytes, activation_bytes=activation_bytes)
+MEMORY_MODEL = MemoryModel(
+    state_bytes=state_bytes, activation_bytes=activation_bytes, keeps_gradients=True, vocab_parallel_logits=True
+)

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Tuple
 
+from verl.decoder_dims import routed_layers
+
 
 @dataclass(frozen=True)
 class MoeFamily:
@@ -25,13 +27,6 @@ class MoeFamily:
     moe_layers: Callable[[Any], List[bool]]  # per layer: routed experts (True) or a dense MLP
 
 
-def _qwen3_moe_layers(c: Any) -> List[bool]:
-    """transformers' Qwen3-MoE rule: a layer routes unless listed in mlp_only_layers, every decoder_sparse_step."""
-    dense = set(getattr(c, "mlp_only_layers", None) or [])
-    step = getattr(c, "decoder_sparse_step", 1) or 1
-    return [i not in dense and c.num_experts > 0 and (i + 1) % step == 0 for i in range(c.num_hidden_layers)]
-
-
 FAMILIES: Dict[str, MoeFamily] = {
     "qwen3_moe": MoeFamily(
         "num_experts",
@@ -39,7 +34,7 @@ FAMILIES: Dict[str, MoeFamily] = {
         "mlp",
         ("gate_proj", "up_proj", "down_proj"),
         renormalise=lambda c: bool(getattr(c, "norm_topk_prob", False)),
-        moe_layers=_qwen3_moe_layers,
+        moe_layers=routed_layers,  # (mlp_only_layers, decoder_sparse_step)
     ),
     "mixtral": MoeFamily(
         "num_local_experts",
@@ -47,7 +42,7 @@ FAMILIES: Dict[str, MoeFamily] = {
         "block_sparse_moe",
         ("w1", "w3", "w2"),
         renormalise=lambda c: True,
-        moe_layers=lambda c: [True] * c.num_hidden_layers,
+        moe_layers=routed_layers,  # (every layer)
     ),
 }
 
@@ -132,7 +127,9 @@ def expert_shapes(hf_config: Any) -> Dict[str, Any]:
     for layer, routed in enumerate(moe_layers(hf_config)):
         for e in range(num_experts(hf_config) if routed else 0):
             gate, up, down = expert_hf_names(hf_config, layer, e)
-            out.update({gate: torch.Size([ffn, hidden]), up: torch.Size([ffn, hidden]), down: torch.Size([hidden, ffn])})
+            out.update(
+                {gate: torch.Size([ffn, hidden]), up: torch.Size([ffn, hidden]), down: torch.Size([hidden, ffn])}
+            )
     return out
 
 

@@ -121,7 +121,9 @@ def _print_problems(problems: Sequence[ConfigProblem], stream: TextIO) -> None:
         print(f"{n_err} error{'s' if n_err != 1 else ''}, {n_warn} warning{'s' if n_warn != 1 else ''}", file=stream)
 
 
-def _check(recipe: str, overrides: Sequence[str], strict: bool, show_config: bool) -> Tuple[Any, Any, int]:
+def _check(
+    recipe: str, overrides: Sequence[str], strict: bool, show_config: bool, show_memory: Optional[bool] = None
+) -> Tuple[Any, Any, int]:
     """Load, validate, print (config, plan, problems); returns (cfg, plan, exit code).
 
     Loading problems (syntax, unknown keys, types) and semantic ones (batch sizes, layouts, backends)
@@ -150,7 +152,8 @@ def _check(recipe: str, overrides: Sequence[str], strict: bool, show_config: boo
     if show_config and plan is not None:
         problems += _print_models(cast(VerlConfig, cfg), plan)  # (the schema's DictConfig reads as its dataclass)
     if plan is not None:
-        problems += _check_memory(cast(VerlConfig, cfg), plan, show=show_config)
+        show = show_config if show_memory is None else show_memory
+        problems += _check_memory(cast(VerlConfig, cfg), plan, show=show)
     _print_problems(problems, sys.stderr)
     return cfg, plan, EXIT_BAD_CONFIG if errors(problems) else EXIT_OK
 
@@ -222,7 +225,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     """The plan and the memory table of a recipe on the given devices; with --suggest, the layouts that fit."""
     from verl.layout_search import format_suggestions, suggest
-    from verl.memory_plan import _hf_config
+    from verl.memory_model import role_hf_config
 
     given = {
         "placement.nnodes": args.nodes,
@@ -231,15 +234,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "placement.accelerator": args.accelerator,
     }
     overrides = [f"{k}={v}" for k, v in given.items() if v is not None] + list(args.overrides)
-    cfg, plan, code = _check(args.recipe, overrides, strict=False, show_config=False)
-    if plan is None:
-        return code
-    _check_memory(cast(VerlConfig, cfg), plan, show=True)
-    if not args.suggest:
+    cfg, plan, code = _check(args.recipe, overrides, strict=False, show_config=False, show_memory=True)
+    if plan is None or not args.suggest:
         return code
     print("\n# layouts that fit, fastest first by the throughput model")
     try:
-        found, own, speeds, device_bytes = suggest(cfg, plan, _hf_config(cfg, plan, "actor"))
+        found, own, speeds, device_bytes = suggest(cfg, plan, role_hf_config(cfg, plan, "actor"))
     except ValueError as e:
         return _fail(str(e))
     print("\n".join(format_suggestions(found, own, speeds, device_bytes)))
