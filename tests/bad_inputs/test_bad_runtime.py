@@ -40,3 +40,27 @@ def test_bad_input_found_while_running_is_a_message(overrides, texts, tmp_path, 
     for text in texts:
         assert text in err, err
     assert "the run stopped before its first checkpoint" in err and "--debug" in err
+
+
+def test_a_weight_sync_that_changes_a_tensor_stops_the_run(tmp_path, capsys, monkeypatch):
+    """A rollout with its own copy of the weights (a megatron actor's hf rollout) whose loader silently rounds one
+    tensor through bf16: the check after the sync (rollout.verify_weights_every) names the parameter, rank and
+    policy version, and the run stops with exit code 2 before generating with a policy nobody trains."""
+    from verl_rollout.hf import HFRollout
+
+    load = HFRollout.update_weights
+    lost = "model.layers.1.mlp.down_proj.weight"
+
+    def rounding(self, weights):
+        return load(self, ((n, t.bfloat16().to(t.dtype) if n == lost else t) for n, t in weights))
+
+    monkeypatch.setattr(HFRollout, "update_weights", rounding)
+    monkeypatch.delenv("VERL_DEBUG", raising=False)
+    argv = [*tiny_overrides(str(tmp_path / "run"), steps=2), "trainer.controller=local"]
+    argv += ["actor.parallel.tp=1", "placement.devices_per_node=1"]
+    code = cli.main(["train", str(RECIPES / "grpo_tiny_megatron.yaml"), *argv])
+    out, err = capsys.readouterr()
+    assert code == 2, err
+    assert "after step 1's weight sync (policy version 1), the rollout does not hold what it was sent" in err, err
+    assert f"{lost} on rank(s) 0: holds other values than it was sent" in err, err
+    assert "Traceback" not in out + err

@@ -60,6 +60,7 @@ def test_weights_reach_every_rollout_rank_bitwise(tmp_path, ray_four_cpus, embed
             assert metrics["perf/weight_sync_bytes"] == size
             assert metrics["perf/weight_sync_buckets"] >= -(-size // (1 << 20)) >= 2  # 1 MiB buckets, ~3 MB model
             assert metrics["rollout/weight_version"] == step + 1
+            assert metrics["weight_sync/checked_params"] == 2 * len(actor)  # both replicas, every parameter
             assert 0 < metrics["perf/train_busy_fraction"] <= 1 and 0 < metrics["perf/rollout_busy_fraction"] <= 1
         assert any(not torch.equal(actor[k], start[0][k]) for k in actor)  # training moved them
 

@@ -61,6 +61,8 @@ def test_weight_sync_is_measured_and_resume_is_exact(tmp_path):
     per_rank = (halves + 2 * 42 * 128) * 4
     assert rows[-1]["perf/weight_sync_comm_bytes"] == 2 * per_rank
     assert all(r["timing/weight_sync_s"] > 0 for r in rows)
+    # Each sync is checked (rollout.verify_weights_every): the two replicas hold every parameter as sent.
+    assert all(r["weight_sync/checked_params"] == 2 * len(hf) and r["timing/weight_check_s"] > 0 for r in rows)
     # After each sync the hf rollout samples with the actor's weights: the trainer's log-probs (TP=2) of the sampled
     # tokens are the rollout's (TP=1) up to float rounding, every step.
     for r in rows:

@@ -169,3 +169,28 @@ def check_adapter_sync_follows_the_actor(
         mask, reported = out.batch["response_mask"], out.batch["rollout_log_probs"]
         assert max_diff(actor.infer(out, micro_batch_size=6).batch["log_probs"], reported, mask) < tol, update
         assert max_diff(base.infer(out, micro_batch_size=6).batch["log_probs"], reported, mask) > 0.1, update
+
+
+def check_weights_verified_after_sync(rollout, model_path: str, dropped: str, device: str = "cpu") -> str:
+    """verl.workers.weight_check: after a sync, each of the engine's parameters fingerprints as the tensors its loader
+    was fed (every checkpoint tensor placed); a tensor that never reached the engine (`dropped`, after the actor
+    trained) is named, the rest still agree. Returns the problem line; the engine ends with the trained weights."""
+    from verl.workers.weight_check import Recorder, compare
+
+    actor = make_actor(model_path, device)
+    recorder = Recorder(rollout.fingerprint_key)
+    rollout.update_weights(recorder.observe(actor.weights()))
+    report = recorder.finish(1, rollout.weight_fingerprints)
+    assert report.expected and set(report.expected) == set(report.actual)
+    verdict = compare([report], 1)
+    assert verdict.problems == [] and verdict.checked > 0, verdict
+    for _ in range(2):
+        actor.train_step(rollout.generate(prompts(), n=2, temperature=0), nll, micro_batch_size=6)
+    recorder = Recorder(rollout.fingerprint_key)
+    sent = list(recorder.observe(actor.weights()))  # what the sync should have delivered
+    rollout.update_weights((name, t) for name, t in sent if name != dropped)  # a loader that lost one tensor
+    problems = compare([recorder.finish(2, rollout.weight_fingerprints)], 1).problems
+    key = rollout.fingerprint_key(dropped)[0]
+    assert len(problems) == 1 and problems[0].startswith(f"{key} on rank(s) 0: holds other values"), problems
+    rollout.update_weights(iter(sent))
+    return problems[0]

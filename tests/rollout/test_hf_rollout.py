@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.rollout import engine_contract as contract
 from tests.support.engines import gloo_world_one, llama_dir, make_llama_dir  # noqa: F401
 from verl.config.schema import OptimConfig, RolloutConfig
 from verl.engine_protocol import EngineConfig, RolloutSettings
@@ -115,6 +116,14 @@ def test_shared_module_needs_no_sync(gloo_world_one, llama_dir):  # noqa: F811
     rollout = _rollout(llama_dir, actor)
     assert rollout.update_weights(actor.weights()) == 0
     assert rollout.module is actor.model
+
+
+def test_a_tensor_that_never_reached_the_engine_is_named(gloo_world_one, llama_dir):  # noqa: F811
+    """verl.workers.weight_check on an engine with its own copy; a shared module has nothing to check."""
+    dropped = "model.layers.0.self_attn.q_proj.weight"
+    problem = contract.check_weights_verified_after_sync(_rollout(llama_dir), llama_dir, dropped)
+    assert problem.startswith(f"{dropped} on rank(s) 0")
+    assert _rollout(llama_dir, _actor(llama_dir)).weight_fingerprints() is None
 
 
 def test_unknown_parameter_is_named(gloo_world_one, llama_dir):  # noqa: F811

@@ -64,3 +64,10 @@ def test_stale_cpu_shm_of_this_rank_is_removed_before_a_tp_engine_starts(rollout
     removed = remove_stale_cpu_shm(2, shm_dir=str(tmp_path))
     assert [p.rsplit("/", 1)[1] for p in removed] == ["-tp:0-[0-1]-cpushm_0"]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])
+
+
+def test_a_tensor_that_never_reached_vllm_is_named(rollout, llama_dir):
+    """The CPU build keeps its linear layers' weights only packed for its GEMM kernels (unchecked); the embedding,
+    the norms and the head are read back. (On GPU every parameter is: tests/gpu.)"""
+    problem = contract.check_weights_verified_after_sync(rollout, llama_dir, "model.layers.0.input_layernorm.weight")
+    assert problem.startswith("model.layers.0.input_layernorm.weight on rank(s) 0")

@@ -35,3 +35,8 @@ def test_vllm_generates_for_a_two_rank_fsdp_actor(ray_two_cpus, tmp_path, tp):  
     for row in rows:
         assert row["perf/weight_sync_bytes"] == 2 * model_bytes  # each rank streams every tensor into its engine
         assert row["rollout/logprob_diff_max"] < 1e-4, row["rollout/logprob_diff_max"]
+        # Every sync is checked per engine (verl.workers.weight_check): the embedding and head (vocabulary shards at
+        # tp=2), the 9 norms (whole on each rank); the 16 linear weights the CPU build keeps only packed are not.
+        engines = 2 // tp
+        assert row["weight_sync/checked_params"] == 11 * engines
+        assert row["weight_sync/unchecked_params"] == 16 * engines

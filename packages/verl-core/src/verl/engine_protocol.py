@@ -223,6 +223,18 @@ class AdapterRolloutEngine(RolloutEngine, Protocol):
         returns the bytes received."""
 
 
+class CheckedRolloutEngine(RolloutEngine, Protocol):
+    """A rollout engine whose weights can be checked after a sync (verl.workers.weight_check; hf, vllm)."""
+
+    def fingerprint_key(self, name: str) -> Optional[Tuple[str, torch.dtype]]:
+        """The parameter checkpoint tensor `name` is loaded into and its dtype; None when the engine holds none
+        for it (a head tied to the input embedding). KeyError when no parameter can take it."""
+
+    def weight_fingerprints(self) -> Optional[Dict[str, Optional[Tuple[int, int]]]]:
+        """This rank's fingerprint of each parameter (its shard of a tensor-parallel one; None for one held in a
+        form that cannot be read back); None when there is nothing to check (the actor's own module, shared)."""
+
+
 class SteppedRolloutEngine(RolloutEngine, Protocol):
     """A rollout engine with a scheduler of its own (vllm): it offers request-level stepping, and the rollout
     service then lets it batch continuously instead of calling `generate` in turns (verl.workers.rollout_server)."""

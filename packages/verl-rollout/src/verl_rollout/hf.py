@@ -10,16 +10,24 @@ asleep (`sleep()`, during the actor's update), so the copy exists only between a
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager, Optional
+from typing import Any, Callable, ContextManager, Dict, Optional, Tuple
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from verl.engine_protocol import ROUTED_EXPERTS, RolloutEngine, RolloutSettings, TrainEngine, Weights
+from verl.engine_protocol import (
+    ROUTED_EXPERTS,
+    CheckedRolloutEngine,
+    RolloutEngine,
+    RolloutSettings,
+    TrainEngine,
+    Weights,
+)
 from verl.protocol import DataProto
 from verl.rollout_batch import assemble_rollout
-from verl_rollout.routes import RouteRecorder
+from verl.workers.weight_check import Fingerprint, fingerprint
 from verl_rollout.hf_weights import target
+from verl_rollout.routes import RouteRecorder
 
 
 class HFRollout:
@@ -161,6 +169,17 @@ class HFRollout:
             raise KeyError(f"the weights sent after a sleep lack {missing[:5]} ({len(missing)} in all)")
         return moved
 
+    def fingerprint_key(self, name: str) -> Optional[Tuple[str, torch.dtype]]:
+        """The parameter checkpoint tensor `name` is loaded into, and its dtype."""
+        param, view = target(name, {n: p.data for n, p in self.module.named_parameters()})
+        return param, view.dtype
+
+    def weight_fingerprints(self) -> Optional[Dict[str, Optional[Fingerprint]]]:
+        """Each parameter's fingerprint; None for a shared module (the actor's own: a sync moves nothing)."""
+        if self.shared:
+            return None
+        return {n: fingerprint(p) for n, p in self.module.named_parameters()}
+
     def sleep(self) -> None:
         """Release this engine's own copy of the weights (a shared module is the actor's: kept).
 
@@ -181,5 +200,6 @@ class HFRollout:
         self._released = None
 
 
-def _conforms(engine: HFRollout) -> RolloutEngine:  # (the type checker holds the engine to its protocol)
-    return engine
+def _conforms(engine: HFRollout) -> RolloutEngine:  # (the type checker holds the engine to its protocols)
+    checked: CheckedRolloutEngine = engine
+    return checked

@@ -28,6 +28,7 @@ import contextlib
 import glob
 import json
 import os
+import re
 import shutil
 import tempfile
 import weakref
@@ -36,10 +37,18 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from verl.engine_protocol import ROUTED_EXPERTS, AdapterRolloutEngine, RolloutEngine, RolloutSettings
-from verl.engine_protocol import SteppedRolloutEngine, Weights
+from verl.engine_protocol import (
+    ROUTED_EXPERTS,
+    AdapterRolloutEngine,
+    CheckedRolloutEngine,
+    RolloutEngine,
+    RolloutSettings,
+    SteppedRolloutEngine,
+    Weights,
+)
 from verl.protocol import DataProto
 from verl.rollout_batch import assemble_rollout, pad_rows, unpadded_prompts
+from verl.workers.weight_check import Fingerprint, fingerprint
 from verl_rollout.routes import place_routes
 
 # Set before vLLM is imported: the engine core must live in this process (the weight iterator and the
@@ -112,6 +121,31 @@ def _repack_tied_lm_head(worker: Any) -> bool:
     return True
 
 
+_EXPERT = re.compile(r"^(.*\.experts)\.\d+\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
+
+
+def _param_dtypes(worker: Any) -> Dict[str, Any]:
+    """The model's parameters (name -> dtype), its fused modules (vLLM's packed_modules_mapping) and whether its
+    head is tied to the input embedding."""
+    model = worker.model_runner.model
+    config = getattr(model, "config", None)
+    return {
+        "params": {n: p.dtype for n, p in model.named_parameters()},
+        "packed": {
+            part: fused for fused, parts in getattr(model, "packed_modules_mapping", {}).items() for part in parts
+        },
+        "tied": bool(getattr(config, "tie_word_embeddings", False)),
+    }
+
+
+def _param_fingerprints(worker: Any) -> Dict[str, Optional[Fingerprint]]:
+    """Each parameter's fingerprint; None for a linear layer's weight that vLLM's CPU build keeps only packed for
+    its GEMM kernels (oneDNN, sgl-kernel), having emptied the parameter."""
+    model = worker.model_runner.model
+    packed = {f"{name}.weight" for name, m in model.named_modules() if hasattr(m, "cpu_linear")}
+    return {n: None if p.numel() == 0 and n in packed else fingerprint(p) for n, p in model.named_parameters()}
+
+
 class VLLMRollout:
     def __init__(
         self,
@@ -173,6 +207,7 @@ class VLLMRollout:
         self.lora_request: Optional[LoRARequest] = None  # the adapter every request generates with, once sent
         self.adapter_dir: Optional[str] = None
         self.stepping: set = set()  # ids of the service's requests inside vLLM's scheduler
+        self._layout: Optional[Dict[str, Any]] = None  # vLLM's parameters, read once (fingerprint_key)
 
     @classmethod
     def build(cls, cfg, *, model_path: str, settings: RolloutSettings, actor: Optional[Any] = None) -> "VLLMRollout":
@@ -287,6 +322,34 @@ class VLLMRollout:
         self.llm.reset_prefix_cache()
         return moved
 
+    def fingerprint_key(self, name: str) -> Optional[Tuple[str, torch.dtype]]:
+        """The vLLM parameter checkpoint tensor `name` is loaded into (q/k/v into qkv_proj, gate/up into
+        gate_up_proj, each expert into the layer's fused w13/w2), and its dtype."""
+        if self._layout is None:
+            self._layout = self.llm.collective_rpc(_param_dtypes)[0]
+        params, packed = self._layout["params"], self._layout["packed"]
+        expert = _EXPERT.match(name)
+        candidates = []
+        if expert:  # a layer's experts are fused: gate and up into w13, down into w2
+            fused = "w2" if expert.group(2) in ("down_proj", "w2") else "w13"
+            candidates.append(f"{expert.group(1)}.{fused}_weight")
+        parts = name.split(".")
+        candidates += [".".join(packed.get(p, p) for p in parts), name]
+        for candidate in candidates:
+            for key in (candidate, candidate.replace(".weight", ".base_layer.weight")):  # (LoRA-wrapped layers)
+                if key in params:
+                    return key, params[key]
+        if name == "lm_head.weight" and self._layout["tied"]:
+            return None  # the head is the input embedding
+        raise KeyError(f"the vLLM model has no parameter that checkpoint tensor '{name}' loads into")
+
+    def weight_fingerprints(self) -> Optional[Dict[str, Optional[Fingerprint]]]:
+        """This rank's fingerprint of each of vLLM's parameters (its tensor-parallel shard); None for weights held
+        only in packed form (the CPU build's linear layers: unchecked)."""
+        if self.adapters:
+            return None  # the base weights stay as loaded; the adapters travel on their own (load_adapter)
+        return self.llm.collective_rpc(_param_fingerprints)[0]
+
     def load_adapter(self, config: Dict[str, Any], weights: Weights) -> int:
         """Serve the actor's LoRA adapters (peft adapter_config and tensors) in place of the last ones: written as a
         peft folder in memory (/dev/shm where there is one), then reloaded into vLLM's adapter slot; returns bytes."""
@@ -334,4 +397,5 @@ class VLLMRollout:
 def _conforms(engine: VLLMRollout) -> RolloutEngine:  # (the type checker holds the engine to its protocols)
     stepped: SteppedRolloutEngine = engine
     adapters: AdapterRolloutEngine = engine
-    return stepped or adapters
+    checked: CheckedRolloutEngine = engine
+    return stepped or adapters or checked

@@ -303,6 +303,10 @@ class RolloutConfig:
     val_sample_temperature: float = sampling_temperature(1.0)
     # a rollout on a pool of its own receives the actor's weights over a collective group in buckets of this size
     weight_sync_bucket_mb: int = at_least(256, 1)
+    # every this many weight syncs, check that the rollout engine holds exactly the weights it was sent (a fingerprint
+    # of each parameter on both sides, verl.workers.weight_check); a mismatch stops the run naming the parameter,
+    # rank and step; 0: never
+    verify_weights_every: int = at_least(1, 0)
     # the rollout service (trainer.mode=async): tokens a request gains per engine turn (a weight update waits at
     # most one turn), and requests per turn on a replica
     service_chunk_tokens: int = at_least(32, 1)

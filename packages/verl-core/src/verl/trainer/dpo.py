@@ -70,6 +70,7 @@ class DPOTrainer(Trainer):
                 self.add_reference(batch)
             with timer("update"):
                 metrics.update(self.update_pairs(batch))
+            metrics.update(self.rollout.update_weights(self.step + 1, timer))  # (checked in place, or sent apart)
         return {**metrics, **self.step_metrics(timer, start, batch)}
 
     def add_reference(self, batch: DataProto) -> None:

@@ -155,7 +155,7 @@ class _Source:
 
     def update_weights(self, version: int, timer: StageTimer) -> Metrics:
         if not self.apart:  # the actor's update loaded them into the colocated rollout
-            return {}
+            return self.workers.synced_in_update(version)
         with timer("rollout_sync"):  # waits for a batch the rollout is generating, then loads
             return self.workers.sync_weights(version)
 

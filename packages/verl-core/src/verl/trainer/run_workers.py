@@ -15,6 +15,7 @@ from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
 from verl.workers.critic import CriticWorker
 from verl.workers.reward_model import PooledRewardModel, RewardModelWorker
 from verl.workers.rollout import RolloutWorker
+from verl.workers.weight_check import WeightSyncMismatch, compare, due
 
 
 @dataclass
@@ -27,6 +28,10 @@ class Workers:
     rollout_ranks: List[int] = field(default_factory=list)  # the rollout ranks alive, in the transfer group
     reward: Optional[Any] = None  # a worker group of RewardModelWorker, when a pool lists the reward role
     reward_model: Optional[PooledRewardModel] = None  # the driver's handle on it (what RewardManager scores with)
+    rollout_tp: int = 1  # consecutive rollout ranks forming one engine
+    verify_every: int = 1  # rollout.verify_weights_every
+    syncs: int = 0  # weight syncs after an update so far (a colocated rollout's happen inside the actor's update)
+    unchecked_noted: bool = False
 
     def join_weight_transfer(self, ranks: Optional[List[int]] = None) -> None:
         """(Re-)form the transfer group: the actor's rank 0 and the rollout `ranks` (default: all)."""
@@ -50,15 +55,62 @@ class Workers:
         (a rollout still generating a batch finishes it first: a worker runs its calls in order). Metrics: the bytes,
         buckets and GB/s of the sender's pass, the slowest receiver's seconds (timing/weight_sync_s), and the
         lowest version any rollout rank holds (rollout/weight_version)."""
+        self.syncs += 1
+        check = due(self.syncs, self.verify_every)
         sent = self.actor_rollout.submit(ActorRolloutRefWorker.send_weights, version, self.bucket_bytes)
         # the ranks in the transfer group: all, or those left after a replica failed (on_replica_failure=continue)
-        calls = [self.rollout.submit_to(r, RolloutWorker.receive_weights, version) for r in self.rollout_ranks]
+        calls = [self.rollout.submit_to(r, RolloutWorker.receive_weights, version, check) for r in self.rollout_ranks]
         receivers = [c.result() for c in calls]
         sender = sent.result()[0]
-        return {
+        metrics = {
             **sender,
             "timing/weight_sync_s": max(r["timing/weight_sync_s"] for r in receivers),
             "rollout/weight_version": min(r["rollout/weight_version"] for r in receivers),
+        }
+        return {**metrics, **(self.check_weights(version) if check else {})}
+
+    def synced_in_update(self, version: int) -> Dict[str, float]:
+        """The actor's update (policy `version`) synced the colocated rollout: check it when due."""
+        self.syncs += 1
+        return self.check_weights(version) if due(self.syncs, self.verify_every) else {}
+
+    def check_weights(self, version: int) -> Dict[str, float]:
+        """Compare what each rollout rank was sent with what its engine holds (verl.workers.weight_check); a
+        mismatch raises WeightSyncMismatch naming the parameters and ranks. Metrics: weight_sync/checked_params,
+        weight_sync/unchecked_params, timing/weight_check_s (the slowest rank's fingerprinting, both sides)."""
+        if self.rollout is not None:
+            ranks = list(self.rollout_ranks)
+            reports = [self.rollout.submit_to(r, RolloutWorker.take_weight_report).result() for r in ranks]
+        else:
+            reports = self.actor_rollout.call(ActorRolloutRefWorker.take_weight_report)
+            ranks = list(range(len(reports)))
+        if all(r is None for r in reports):  # nothing to check: a rollout generating on the actor's own module
+            return {}
+        missing = [rank for rank, r in zip(ranks, reports) if r is None]
+        if missing:
+            raise WeightSyncMismatch(f"rollout rank(s) {missing} did not check the weight sync of version {version}")
+        verdict = compare(reports, self.rollout_tp, ranks=ranks)
+        if verdict.problems:
+            lines = "\n".join(f"  - {p}" for p in verdict.problems[:10])
+            more = f"\n  ... and {len(verdict.problems) - 10} more" if len(verdict.problems) > 10 else ""
+            raise WeightSyncMismatch(
+                f"after step {version}'s weight sync (policy version {version}), the rollout does not hold what it "
+                f"was sent:\n"
+                f"{lines}{more}\nIt would generate with another policy than the one being trained. (The check: "
+                "rollout.verify_weights_every; 0 turns it off.)"
+            )
+        if verdict.unchecked and not self.unchecked_noted:
+            self.unchecked_noted = True
+            print(
+                f"verl: the weight sync check cannot read {len(verdict.unchecked)} of the rollout engine's parameters "
+                f"back (held only in packed form, e.g. {verdict.unchecked[0]}); the other {verdict.checked} are "
+                "checked",
+                flush=True,
+            )
+        return {
+            "weight_sync/checked_params": float(verdict.checked),
+            "weight_sync/unchecked_params": float(len(verdict.unchecked)),
+            "timing/weight_check_s": max(r.seconds for r in reports),
         }
 
     def take_stats(self) -> Dict[str, float]:
@@ -115,6 +167,8 @@ def start_workers(cfg: VerlConfig, plan: Plan, *, model_path: str, tokenizer_pat
         critic.call(CriticWorker.init_model)
         critic.refresh_dispatch_info()
     workers = Workers(actor_rollout, critic, list(pools.values()), rollout, cfg.rollout.weight_sync_bucket_mb << 20)
+    workers.rollout_tp = plan.layout("rollout").tp if plan.has("rollout") else 1
+    workers.verify_every = cfg.rollout.verify_weights_every
     if rollout is not None:
         rollout.refresh_dispatch_info("rollout")
         workers.join_weight_transfer()

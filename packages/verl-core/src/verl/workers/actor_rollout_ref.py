@@ -22,6 +22,7 @@ from verl.utils.memory import PhasePeaks
 from verl.workers.build_engines import rollout_engine, train_engine
 from verl.workers.losses import actor_loss_fn, preference_loss_fn, sft_loss
 from verl.workers.setup import setup_worker
+from verl.workers.weight_check import Report, due, watch_sync
 from verl.workers.weight_transfer import join_transfer_group, send_weights
 
 ROLES = ("actor", "rollout", "ref")
@@ -87,6 +88,8 @@ class ActorRolloutRefWorker(Worker):
         self.rollout: Any = None
         self.ref: Any = None
         self.transfer: Any = None  # rank 0's member of the transfer group to a rollout pool of its own, once joined
+        self.syncs = 0  # weight syncs into the colocated rollout after an update (rollout.verify_weights_every)
+        self.weight_report: Optional[Report] = None  # the last checked sync's, until the driver takes it
 
     def _need(self, role: str) -> Any:
         engine = getattr(self, role)
@@ -207,16 +210,19 @@ class ActorRolloutRefWorker(Worker):
             )
         metrics = {k if k.startswith("rollout/") else f"actor/{k}": v for k, v in metrics.items()}
         if self.rollout is not None:
+            self.syncs += 1
             with self.peaks("weight_sync"):
-                metrics.update(self._sync_weights())
+                metrics.update(self._sync_weights(check=self.syncs))
             # After the sync and before generation wakes the rollout's KV cache: the actor's parameters leave the
             # device first (actor.param_offload; its optimizer state already left after the step), so the two
             # never peak together.
             self._need("actor").release_memory()
         return {**metrics, **self.peaks.take()}
 
-    def _sync_weights(self) -> Dict[str, float]:
+    def _sync_weights(self, check: int = 0) -> Dict[str, float]:
         """Push the actor's new weights into the rollout engine, in the rollout's layout; the pool's totals.
+        check: the sync's number, when it counts towards rollout.verify_weights_every (a checked one leaves its
+        `weight_report` for the driver, `take_weight_report`).
 
         perf/weight_sync_bytes: what the rollouts loaded; perf/weight_sync_comm_bytes: what reached the ranks
         from other ranks to assemble them (tensor-parallel gathers, pipeline broadcasts), both summed over the
@@ -226,7 +232,10 @@ class ActorRolloutRefWorker(Worker):
         if self.plan.lora_sync == "adapter":  # the adapters alone; the rollout keeps the base weights it loaded
             moved = rollout.load_adapter(*actor.lora_adapter())
         else:  # full tensors, one at a time: every rollout engine slices its own tensor-parallel shard while loading
-            moved = rollout.update_weights(actor.weights())
+            checked = due(check, self.cfg.rollout.verify_weights_every)
+            with watch_sync(rollout, actor.weights(), check, checked) as watched:
+                moved = rollout.update_weights(watched.weights)
+            self.weight_report = watched.report or self.weight_report
         totals = torch.tensor([float(moved), float(actor.sync_received_bytes())], dtype=torch.float64)
         seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
         if dist.is_initialized() and dist.get_world_size() > 1:
@@ -261,6 +270,12 @@ class ActorRolloutRefWorker(Worker):
                 self.transfer, actor.weights(), version=version, device=self.device, bucket_bytes=bucket_bytes
             )
         return {**stats.metrics(), "perf/weight_sync_comm_bytes": float(actor.sync_received_bytes())}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def take_weight_report(self) -> Optional[Report]:
+        """The last checked sync's fingerprints (verl.workers.weight_check), once."""
+        report, self.weight_report = self.weight_report, None
+        return report
 
     @register(Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:

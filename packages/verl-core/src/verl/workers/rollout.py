@@ -32,6 +32,7 @@ from verl.utils.rng import get_rng_state, safe_load, set_rng_state
 from verl.workers.build_engines import rollout_engine
 from verl.workers.rollout_server import Request, RolloutServer
 from verl.workers.setup import setup_worker
+from verl.workers.weight_check import Report, watch_sync
 from verl.workers.weight_transfer import TransferStats, join_transfer_group, receive_weights
 
 
@@ -44,6 +45,7 @@ class RolloutWorker(Worker):
         self.transfer: Any = None  # this rank's member of the transfer group, once joined
         self.version = 0  # the policy version of the weights held: the actor's updates before them
         self.server: Optional[RolloutServer] = None  # the rollout service's replica on this rank, once started
+        self.weight_report: Optional[Report] = None  # the last checked sync's, until the driver takes it
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -86,25 +88,34 @@ class RolloutWorker(Worker):
         self.transfer = join_transfer_group(host, port, member, world, self.collective_backend)
 
     @register(Dispatch.ONE_TO_ALL)
-    def receive_weights(self, version: int) -> Dict[str, float]:
+    def receive_weights(self, version: int, check: bool = False) -> Dict[str, float]:
         """Load the weights of policy `version` the actor's rank 0 is sending (collective with
-        `ActorRolloutRefWorker.send_weights`)."""
+        `ActorRolloutRefWorker.send_weights`); `check`: fingerprint them and the engine after the load
+        (verl.workers.weight_check; the driver takes the report, `take_weight_report`)."""
         if self.transfer is None:
             raise RuntimeError("receive_weights before join_weight_transfer: the transfer group is not set up")
         stats = TransferStats()
         with self.peaks("weight_sync"):
-            weights = receive_weights(self.transfer, self.device, stats)
-            if self.server is not None:
-                # Received into host memory while the service keeps generating (one copy of the weights), then
-                # swapped in between two of its turns; requests midway continue with them.
-                staged = [(name, tensor.to("cpu")) for name, tensor in weights]
-                self.server.load_weights(iter(staged), version)
-            else:
-                self.engine.update_weights(weights)
+            received = receive_weights(self.transfer, self.device, stats)
+            with watch_sync(self.engine, received, version, check, lock=self._engine()) as watched:
+                if self.server is not None:
+                    # Received into host memory while the service keeps generating (one copy of the weights), then
+                    # swapped in between two of its turns; requests midway continue with them.
+                    staged = [(name, tensor.to("cpu")) for name, tensor in watched.weights]
+                    self.server.load_weights(iter(staged), version)
+                else:
+                    self.engine.update_weights(watched.weights)
+            self.weight_report = watched.report or self.weight_report
         if stats.version != version:
             raise RuntimeError(f"received the weights of policy version {stats.version}, expected {version}")
         self.version = version
         return {**stats.metrics(), "rollout/weight_version": float(self.version)}
+
+    @register(Dispatch.ONE_TO_ALL)
+    def take_weight_report(self) -> Optional[Report]:
+        """The last checked sync's fingerprints (verl.workers.weight_check), once."""
+        report, self.weight_report = self.weight_report, None
+        return report
 
     @register(Dispatch.ONE_TO_ALL)
     def weight_version(self) -> int:
