@@ -194,3 +194,29 @@ def check_weights_verified_after_sync(rollout, model_path: str, dropped: str, de
     assert len(problems) == 1 and problems[0].startswith(f"{key} on rank(s) 0: holds other values"), problems
     rollout.update_weights(iter(sent))
     return problems[0]
+
+
+def check_adapters_verified_after_load(rollout, model_path: str, device: str = "cpu", rank: int = 8) -> str:
+    """rollout.lora_sync: adapter under verl.workers.weight_check: after a load every LoRA matrix the engine computes
+    with fingerprints as the adapter tensors it was fed (B with its scaling); adapters that never reached the engine
+    (the next update's load lost) are named. Returns the first problem line; the engine ends with the last adapters."""
+    from verl.workers.weight_check import Recorder, compare
+
+    actor = make_actor(model_path, device, lora=rank)
+    reports = []
+    for update in range(2):
+        actor.train_step(rollout.generate(prompts(), n=2, temperature=0), nll, micro_batch_size=6)
+        config, tensors = actor.lora_adapter()
+        recorder = Recorder(rollout.fingerprint_key)
+        observed = recorder.observe(tensors)
+        if update == 0:
+            rollout.load_adapter(config, observed)
+        else:  # a load that never reached the engine: the stream is read, the engine keeps the first adapters
+            list(observed)
+        reports.append(recorder.finish(update, rollout.weight_fingerprints))
+    first = compare(reports[:1], 1)
+    assert first.problems == [] and first.checked == len(dict(actor.lora_adapter()[1])), first  # each A and B
+    problems = compare(reports[1:], 1).problems
+    assert problems and all("holds other values than it was sent" in p for p in problems), problems
+    rollout.load_adapter(*actor.lora_adapter())
+    return problems[0]

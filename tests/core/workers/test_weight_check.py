@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from verl.workers.weight_check import Recorder, Report, add, compare, due, fingerprint
+from verl.workers.weight_check import Recorder, Report, Target, add, compare, due, fingerprint
 
 
 def _sum(fps):
@@ -39,7 +39,7 @@ def test_one_changed_bit_changes_the_fingerprint():
 
 def test_the_expected_side_is_cast_to_the_dtype_each_parameter_holds():
     w = torch.randn(8, 8)
-    recorder = Recorder(lambda name: ("fused", torch.bfloat16))
+    recorder = Recorder(lambda name: Target("fused", torch.bfloat16))
     list(recorder.observe([("a", w[:4]), ("b", w[4:])]))
     assert recorder.expected == {"fused": fingerprint(w.bfloat16())}
 
@@ -82,3 +82,10 @@ def test_ranks_fed_different_streams_are_named():
 def test_every_nth_sync_is_checked():
     assert [n for n in range(1, 8) if due(n, 3)] == [3, 6]
     assert not any(due(n, 0) for n in range(1, 8)) and all(due(n, 1) for n in range(1, 8))
+
+
+def test_a_scaled_target_is_fingerprinted_as_its_loader_scales_it():
+    b = torch.randn(6, 4)
+    recorder = Recorder(lambda name: Target("slot.lora_b.0", torch.bfloat16, 2.5))
+    list(recorder.observe([("b", b)]))
+    assert recorder.expected == {"slot.lora_b.0": fingerprint((b * 2.5).bfloat16())}

@@ -40,3 +40,8 @@ def test_lora_slot_is_the_smallest_rank_vllm_takes():
     assert [lora_slot(r) for r in (1, 4, 8, 9, 64, 300)] == [1, 8, 8, 16, 64, 320]
     with pytest.raises(ValueError, match="up to rank 512"):
         lora_slot(1024)
+
+
+def test_adapters_that_never_reached_vllm_are_named(rollout, llama_dir):
+    problem = contract.check_adapters_verified_after_load(rollout, llama_dir, rank=8)
+    assert ".lora_" in problem and "on rank(s) 0" in problem

@@ -31,6 +31,7 @@ def test_vllm_rollout_trains_syncs_and_reports_the_mismatch(tmp_path):
     for row in rows:
         assert row["perf/weight_sync_bytes"] == model_bytes
         assert row["timing/weight_sync_s"] > 0
+        assert row["weight_sync/checked_params"] > 0  # every sync checked (the CPU build's linear weights: not)
         # vLLM's log-probs of what it sampled equal the FSDP actor's (fp32): generation used the synced weights.
         assert row["rollout/logprob_diff_max"] < 1e-4, row["rollout/logprob_diff_max"]
         assert row["actor/tis_weight_mean"] == pytest.approx(1.0, abs=1e-3)
@@ -56,5 +57,6 @@ def test_lora_adapters_alone_reach_vllm_after_every_update(tmp_path):
     adapter_bytes = 4 * 16 * 4 * (2 * (128 + 128) + 2 * (128 + 64) + 3 * (128 + 384))
     for row in rows:
         assert row["perf/weight_sync_bytes"] == adapter_bytes
+        assert row["weight_sync/checked_params"] > 0 and row["weight_sync/unchecked_params"] == 0  # every matrix
         assert row["rollout/logprob_diff_max"] < 1e-4, row["rollout/logprob_diff_max"]
     assert rows[-1]["actor/grad_norm"] > 0

@@ -226,9 +226,10 @@ class AdapterRolloutEngine(RolloutEngine, Protocol):
 class CheckedRolloutEngine(RolloutEngine, Protocol):
     """A rollout engine whose weights can be checked after a sync (verl.workers.weight_check; hf, vllm)."""
 
-    def fingerprint_key(self, name: str) -> Optional[Tuple[str, torch.dtype]]:
-        """The parameter checkpoint tensor `name` is loaded into and its dtype; None when the engine holds none
-        for it (a head tied to the input embedding). KeyError when no parameter can take it."""
+    def fingerprint_key(self, name: str) -> Any:
+        """verl.workers.weight_check.Target: the parameter checkpoint tensor `name` (or an adapter tensor) is loaded
+        into, its dtype and scale; None when the engine holds none for it (a head tied to the input embedding).
+        KeyError when no parameter can take it."""
 
     def weight_fingerprints(self) -> Optional[Dict[str, Optional[Tuple[int, int]]]]:
         """This rank's fingerprint of each parameter (its shard of a tensor-parallel one; None for one held in a

@@ -10,7 +10,7 @@ asleep (`sleep()`, during the actor's update), so the copy exists only between a
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, ContextManager, Dict, Optional, Tuple
+from typing import Any, Callable, ContextManager, Dict, Optional
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
@@ -25,7 +25,7 @@ from verl.engine_protocol import (
 )
 from verl.protocol import DataProto
 from verl.rollout_batch import assemble_rollout
-from verl.workers.weight_check import Fingerprint, fingerprint
+from verl.workers.weight_check import Fingerprint, Target, fingerprint
 from verl_rollout.hf_weights import target
 from verl_rollout.routes import RouteRecorder
 
@@ -169,10 +169,10 @@ class HFRollout:
             raise KeyError(f"the weights sent after a sleep lack {missing[:5]} ({len(missing)} in all)")
         return moved
 
-    def fingerprint_key(self, name: str) -> Optional[Tuple[str, torch.dtype]]:
+    def fingerprint_key(self, name: str) -> Target:
         """The parameter checkpoint tensor `name` is loaded into, and its dtype."""
         param, view = target(name, {n: p.data for n, p in self.module.named_parameters()})
-        return param, view.dtype
+        return Target(param, view.dtype)
 
     def weight_fingerprints(self) -> Optional[Dict[str, Optional[Fingerprint]]]:
         """Each parameter's fingerprint; None for a shared module (the actor's own: a sync moves nothing)."""

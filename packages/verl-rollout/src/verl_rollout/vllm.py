@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import json
+import math
 import os
 import re
 import shutil
@@ -48,7 +49,7 @@ from verl.engine_protocol import (
 )
 from verl.protocol import DataProto
 from verl.rollout_batch import assemble_rollout, pad_rows, unpadded_prompts
-from verl.workers.weight_check import Fingerprint, fingerprint
+from verl.workers.weight_check import Fingerprint, Target, fingerprint, scaled_like_the_loader
 from verl_rollout.routes import place_routes
 
 # Set before vLLM is imported: the engine core must live in this process (the weight iterator and the
@@ -121,21 +122,49 @@ def _repack_tied_lm_head(worker: Any) -> bool:
     return True
 
 
+_ADAPTER = re.compile(r"^base_model\.model\.(.*)\.lora_([AB])\.weight$")  # peft's saved adapter names
 _EXPERT = re.compile(r"^(.*\.experts)\.\d+\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
 
 
 def _param_dtypes(worker: Any) -> Dict[str, Any]:
-    """The model's parameters (name -> dtype), its fused modules (vLLM's packed_modules_mapping) and whether its
-    head is tied to the input embedding."""
+    """The model's parameters (name -> dtype), its fused modules (vLLM's packed_modules_mapping: fused name -> its
+    parts), whether its head is tied to the input embedding, and the dtype its LoRA slots hold (if any)."""
     model = worker.model_runner.model
     config = getattr(model, "config", None)
+    manager = getattr(getattr(worker.model_runner, "lora_manager", None), "_adapter_manager", None)
+    slots = [m.lora_a_stacked[0] for m in manager.modules.values()] if manager is not None else []
     return {
         "params": {n: p.dtype for n, p in model.named_parameters()},
-        "packed": {
-            part: fused for fused, parts in getattr(model, "packed_modules_mapping", {}).items() for part in parts
-        },
+        "packed": dict(getattr(model, "packed_modules_mapping", {})),
         "tied": bool(getattr(config, "tie_word_embeddings", False)),
+        "lora_dtype": slots[0].dtype if slots else None,
     }
+
+
+def _adapter_fingerprints(worker: Any) -> Dict[str, Optional[Fingerprint]]:
+    """The fingerprint of each LoRA matrix vLLM computes with in the actor's adapter slot, per module and slice
+    (`<module>.lora_a.<slice>`; q/k/v are slices of qkv_proj); slices that hold nothing (all zero) are left out."""
+    manager = worker.model_runner.lora_manager._adapter_manager
+    if ADAPTER_ID not in manager.lora_index_to_id:
+        return {}
+    slot = manager.lora_index_to_id.index(ADAPTER_ID)
+    out: Dict[str, Optional[Fingerprint]] = {}
+    for name, module in manager.modules.items():
+        for kind, stacked in (("a", module.lora_a_stacked), ("b", module.lora_b_stacked)):
+            for i, matrices in enumerate(stacked):
+                if matrices.dim() == 4:  # [slots, 1, rows, columns] (an embedding's LoRA is laid out otherwise)
+                    fp = fingerprint(matrices[slot])
+                    if fp != (0, 0):
+                        out[f"{name}.lora_{kind}.{i}"] = fp
+    return out
+
+
+def lora_scaling(config: Dict[str, Any]) -> float:
+    """What peft (and vLLM) multiply a LoRA adapter's B @ A by."""
+    if config.get("rank_pattern") or config.get("alpha_pattern"):
+        raise ValueError("adapters with per-module ranks or alphas (rank_pattern, alpha_pattern) are not served")
+    r, alpha = config["r"], config["lora_alpha"]
+    return alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
 
 
 def _param_fingerprints(worker: Any) -> Dict[str, Optional[Fingerprint]]:
@@ -208,6 +237,7 @@ class VLLMRollout:
         self.adapter_dir: Optional[str] = None
         self.stepping: set = set()  # ids of the service's requests inside vLLM's scheduler
         self._layout: Optional[Dict[str, Any]] = None  # vLLM's parameters, read once (fingerprint_key)
+        self.adapter_scale = 1.0  # the last adapters' LoRA scaling, put into their B matrices (load_adapter)
 
     @classmethod
     def build(cls, cfg, *, model_path: str, settings: RolloutSettings, actor: Optional[Any] = None) -> "VLLMRollout":
@@ -322,33 +352,41 @@ class VLLMRollout:
         self.llm.reset_prefix_cache()
         return moved
 
-    def fingerprint_key(self, name: str) -> Optional[Tuple[str, torch.dtype]]:
+    def fingerprint_key(self, name: str) -> Optional[Target]:
         """The vLLM parameter checkpoint tensor `name` is loaded into (q/k/v into qkv_proj, gate/up into
-        gate_up_proj, each expert into the layer's fused w13/w2), and its dtype."""
+        gate_up_proj, each expert into the layer's fused w13/w2), and its dtype; for an adapter tensor
+        (`base_model.model.<module>.lora_A.weight`), its module's LoRA slot and slice, B scaled as load_adapter
+        scales it."""
         if self._layout is None:
             self._layout = self.llm.collective_rpc(_param_dtypes)[0]
         params, packed = self._layout["params"], self._layout["packed"]
+        part_of = {part: (fused, i) for fused, parts in packed.items() for i, part in enumerate(parts)}
+        adapter = _ADAPTER.match(name)
+        if adapter:
+            *prefix, last = adapter.group(1).split(".")
+            fused, index = part_of.get(last, (last, 0))
+            kind = adapter.group(2).lower()
+            scale = self.adapter_scale if kind == "b" else 1.0
+            return Target(".".join([*prefix, fused, f"lora_{kind}", str(index)]), self._layout["lora_dtype"], scale)
         expert = _EXPERT.match(name)
         candidates = []
         if expert:  # a layer's experts are fused: gate and up into w13, down into w2
             fused = "w2" if expert.group(2) in ("down_proj", "w2") else "w13"
             candidates.append(f"{expert.group(1)}.{fused}_weight")
-        parts = name.split(".")
-        candidates += [".".join(packed.get(p, p) for p in parts), name]
+        candidates += [".".join(part_of.get(p, (p, 0))[0] for p in name.split(".")), name]
         for candidate in candidates:
             for key in (candidate, candidate.replace(".weight", ".base_layer.weight")):  # (LoRA-wrapped layers)
                 if key in params:
-                    return key, params[key]
+                    return Target(key, params[key])
         if name == "lm_head.weight" and self._layout["tied"]:
             return None  # the head is the input embedding
         raise KeyError(f"the vLLM model has no parameter that checkpoint tensor '{name}' loads into")
 
     def weight_fingerprints(self) -> Optional[Dict[str, Optional[Fingerprint]]]:
-        """This rank's fingerprint of each of vLLM's parameters (its tensor-parallel shard); None for weights held
-        only in packed form (the CPU build's linear layers: unchecked)."""
-        if self.adapters:
-            return None  # the base weights stay as loaded; the adapters travel on their own (load_adapter)
-        return self.llm.collective_rpc(_param_fingerprints)[0]
+        """This rank's fingerprint of each of vLLM's parameters (its tensor-parallel shard; None for weights held
+        only in packed form, the CPU build's linear layers: unchecked); with adapters (rollout.lora_sync: adapter),
+        of each LoRA matrix in the actor's slot instead (the base weights stay as loaded)."""
+        return self.llm.collective_rpc(_adapter_fingerprints if self.adapters else _param_fingerprints)[0]
 
     def load_adapter(self, config: Dict[str, Any], weights: Weights) -> int:
         """Serve the actor's LoRA adapters (peft adapter_config and tensors) in place of the last ones: written as a
@@ -361,10 +399,19 @@ class VLLMRollout:
             shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
             self.adapter_dir = tempfile.mkdtemp(prefix="verl-lora-", dir=shm)
             weakref.finalize(self, shutil.rmtree, self.adapter_dir, True)
-        tensors = {name: t.detach().to("cpu").contiguous() for name, t in weights}
+        # The scaling goes into B here, in the adapter's dtype, so vLLM's is 1 and it computes with exactly these
+        # values (it would scale B in its own dtype after a cast); the weight-sync check scales B the same way.
+        self.adapter_scale = lora_scaling(config)
+        tensors = {
+            name: (scaled_like_the_loader(t, self.adapter_scale) if ".lora_B." in name else t)
+            .detach()
+            .cpu()
+            .contiguous()
+            for name, t in weights
+        }
         save_file(tensors, os.path.join(self.adapter_dir, "adapter_model.safetensors"))
         with open(os.path.join(self.adapter_dir, "adapter_config.json"), "w") as f:
-            json.dump(config, f)
+            json.dump({**config, "lora_alpha": config["r"], "use_rslora": False}, f)
         self.wake()
         self.llm.llm_engine.add_lora(LoRARequest("actor", ADAPTER_ID, self.adapter_dir, load_inplace=True))
         # requests name the loaded slot without reloading it

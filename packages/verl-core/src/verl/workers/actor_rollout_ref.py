@@ -229,13 +229,14 @@ class ActorRolloutRefWorker(Worker):
         pool's ranks; timing/weight_sync_s: the slowest rank's whole sync."""
         start = time.perf_counter()
         actor, rollout = self._need("actor"), self._need("rollout")
-        if self.plan.lora_sync == "adapter":  # the adapters alone; the rollout keeps the base weights it loaded
-            moved = rollout.load_adapter(*actor.lora_adapter())
-        else:  # full tensors, one at a time: every rollout engine slices its own tensor-parallel shard while loading
-            checked = due(check, self.cfg.rollout.verify_weights_every)
-            with watch_sync(rollout, actor.weights(), check, checked) as watched:
-                moved = rollout.update_weights(watched.weights)
-            self.weight_report = watched.report or self.weight_report
+        adapter = self.plan.lora_sync == "adapter"  # the adapters alone; the rollout keeps its base weights
+        config, weights = actor.lora_adapter() if adapter else (None, actor.weights())
+        with watch_sync(rollout, weights, check, due(check, self.cfg.rollout.verify_weights_every)) as watched:
+            # full tensors, one at a time: every rollout engine slices its own tensor-parallel shard while loading
+            moved = (
+                rollout.load_adapter(config, watched.weights) if adapter else rollout.update_weights(watched.weights)
+            )
+        self.weight_report = watched.report or self.weight_report
         totals = torch.tensor([float(moved), float(actor.sync_received_bytes())], dtype=torch.float64)
         seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
         if dist.is_initialized() and dist.get_world_size() > 1:

@@ -18,23 +18,36 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
 Fingerprint = Tuple[int, int]  # (sum, sum of squares) of the elements' bit patterns, modulo 2**64
 ABSENT = (-1, -1)  # (a rank that holds no part of a parameter)
-KeyOf = Callable[[str], Optional[Tuple[str, torch.dtype]]]  # checkpoint name -> (parameter, its dtype); None: not held
+
+
+class Target(NamedTuple):
+    """Where an engine's loader puts a checkpoint tensor: the parameter (`key`), its dtype, and the factor the
+    engine's loader multiplies it by first (a LoRA B matrix carries its adapter's scaling)."""
+
+    key: str
+    dtype: torch.dtype
+    scale: float = 1.0
+
+
+KeyOf = Callable[[str], Optional[Target]]  # checkpoint name -> where it lands; None: held nowhere (a tied head)
 MOD = 1 << 64
 _INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-_CHUNK = 1 << 22  # elements widened to int64 at a time (32 MiB)
+# Elements widened to int64 at a time: on CPU a piece that stays in cache (512 KiB; 4x faster here than 32 MiB
+# pieces), on a GPU large pieces (fewer kernel launches).
+_CHUNK = {"cpu": 1 << 16, "cuda": 1 << 24}
 
 
 def fingerprint(tensor: torch.Tensor) -> Fingerprint:
     """The tensor's fingerprint, computed on its device."""
     bits = tensor.detach().reshape(-1).view(_INT[tensor.element_size()])
     total = torch.zeros(2, dtype=torch.int64, device=bits.device)
-    for chunk in bits.split(_CHUNK):
+    for chunk in bits.split(_CHUNK.get(bits.device.type, 1 << 20)):
         wide = chunk.to(torch.int64)
         total[0] += wide.sum()  # int64 arithmetic wraps: the sums are exact modulo 2**64
         total[1] += (wide * wide).sum()
@@ -57,6 +70,12 @@ class Report:
     skipped: List[str] = field(default_factory=list)  # checkpoint names the engine holds no parameter for (tied)
 
 
+def scaled_like_the_loader(tensor: torch.Tensor, scale: float) -> torch.Tensor:
+    """`tensor` times `scale`, in its own dtype: the one way both an engine's loader and the check scale a tensor,
+    so both get the same bits."""
+    return tensor * scale
+
+
 class Recorder:
     """Fingerprints a weight stream on its way into an engine (`observe`), then the engine itself (`finish`)."""
 
@@ -73,9 +92,9 @@ class Recorder:
             if target is None:
                 self.skipped.append(name)
             else:
-                key, dtype = target
-                fp = fingerprint(tensor.to(dtype))
-                self.expected[key] = add(self.expected.get(key, (0, 0)), fp)
+                scaled = tensor if target.scale == 1.0 else scaled_like_the_loader(tensor, target.scale)
+                fp = fingerprint(scaled.to(target.dtype))
+                self.expected[target.key] = add(self.expected.get(target.key, (0, 0)), fp)
             self.seconds += time.perf_counter() - start
             yield name, tensor
 
