@@ -44,7 +44,8 @@ def _same(a: dict, b: dict) -> None:
 
 
 def test_weights_reach_every_rollout_rank_bitwise(tmp_path, ray_four_cpus, embedded_cache, monkeypatch):
-    """FSDP at world size 2 -> two hf rollout replicas: after each step's sync both hold the actor's weights.
+    """FSDP at world size 2 -> two hf rollout replicas: after each step's sync both hold the actor's weights, each
+    FSDP rank having sent its own rows.
     (trainer.mode=sync syncs the same way: tests/megatron/test_weight_transfer_ray.py runs it.)"""
     monkeypatch.setenv("VERL_CACHE", embedded_cache)
     with PPOTrainer(_config(tmp_path, *FOUR_RANKS, "rollout.weight_sync_bucket_mb=1")) as trainer:
@@ -58,6 +59,8 @@ def test_weights_reach_every_rollout_rank_bitwise(tmp_path, ray_four_cpus, embed
             assert trainer.workers.rollout.call(RolloutWorker.weight_version) == [step + 1, step + 1]
             size = sum(t.numel() * t.element_size() for t in actor.values())
             assert metrics["perf/weight_sync_bytes"] == size
+            # each FSDP rank sends its own rows of every tensor (no gather): about half the model each
+            assert 0.4 * size < metrics["perf/weight_sync_max_sender_bytes"] < 0.6 * size
             assert metrics["perf/weight_sync_buckets"] >= -(-size // (1 << 20)) >= 2  # 1 MiB buckets, ~3 MB model
             assert metrics["rollout/weight_version"] == step + 1
             assert metrics["weight_sync/checked_params"] == 2 * len(actor)  # both replicas, every parameter

@@ -94,8 +94,23 @@ def test_vllm_adapter_sync_follows_the_actor_through_sleep(vllm_lora_rollout, ll
     contract.check_adapter_sync_follows_the_actor(vllm_lora_rollout, llama_dir, device="cuda", tol=GPU_TOL, rank=8)
 
 
+def test_weight_check_names_a_tensor_that_never_arrived(rollout, llama_dir):
+    """verl.workers.weight_check on GPU, where vLLM keeps every parameter readable (on CPU its linear weights are
+    packed away): q_proj lands in the fused qkv_proj, which the check names."""
+    if not hasattr(rollout, "weight_fingerprints"):
+        pytest.skip(f"{type(rollout).__name__} offers no weight fingerprints (the check skips it)")
+    dropped = "model.layers.0.self_attn.q_proj.weight"
+    problem = contract.check_weights_verified_after_sync(rollout, llama_dir, dropped, device="cuda")
+    assert problem.startswith("model.layers.0.self_attn.qkv_proj.weight on rank(s) 0")
+
+
+def test_vllm_adapters_that_never_arrived_are_named(vllm_lora_rollout, llama_dir):
+    problem = contract.check_adapters_verified_after_load(vllm_lora_rollout, llama_dir, device="cuda", rank=8)
+    assert ".lora_" in problem
+
+
 @pytest.fixture(scope="module")
-def moe_dir(embedded_cache) -> str:
+def moe_dir(embedded_cache) -> str:  # noqa: F811
     from verl.embedded.models import materialize_embedded_model
 
     return materialize_embedded_model("tiny-qwen3-moe", embedded_cache)
@@ -152,3 +167,10 @@ def test_vllm_returns_the_routes_the_megatron_actor_replays(cuda_world_one, moe_
     gap = float((replayed - batch.batch["rollout_log_probs"]).abs()[mask].max())
     print(f"max |megatron replaying vLLM's routes - vLLM| log-prob: {gap:.2e}")
     assert gap < GPU_TOL
+
+
+def test_vllm_weight_check_follows_experts_into_their_fused_parameters(vllm_moe_rollout, moe_dir):
+    """Each expert's checkpoint tensors land in the layer's fused w13 / w2: an expert that never arrived is named."""
+    dropped = "model.layers.0.mlp.experts.3.up_proj.weight"
+    problem = contract.check_weights_verified_after_sync(vllm_moe_rollout, moe_dir, dropped, device="cuda")
+    assert problem.startswith("model.layers.0.mlp.experts.w13_weight on rank(s) 0")

@@ -1,5 +1,6 @@
 """The transfer group between pools over NCCL: one sender and two receivers, each on a GPU of its own (NCCL puts
-one rank on a device), every tensor bitwise across buckets, and the transfer's GB/s reported.
+one rank on a device), every tensor bitwise across buckets, and the transfer's GB/s reported; and two senders each
+sending its dim-0 rows (an FSDP actor's shards) to one receiver.
 
 Skipped without 3 CUDA devices (NCCL refuses two ranks on one GPU); the same protocol over gloo runs on CPU in
 tests/core/workers/test_weight_transfer.py."""
@@ -12,7 +13,13 @@ import pytest
 import torch
 
 from verl.controller.worker import free_port
-from verl.workers.weight_transfer import TransferStats, join_transfer_group, receive_weights, send_weights
+from verl.workers.weight_transfer import (
+    TransferStats,
+    join_transfer_group,
+    receive_weights,
+    send_weight_shards,
+    send_weights,
+)
 
 pytestmark = pytest.mark.skipif(
     torch.cuda.device_count() < 3, reason=f"needs 3 CUDA devices, found {torch.cuda.device_count()}"
@@ -63,3 +70,37 @@ def test_nccl_transfer_is_bitwise_and_measured():
     for rank in (1, 2):
         same, version = results[rank][1]
         assert same and version == 3, rank
+
+
+def _sharded_member(rank: int, port: int, out) -> None:
+    torch.cuda.set_device(rank)
+    device = torch.device("cuda", rank)
+    group = join_transfer_group("127.0.0.1", port, rank, 3, "nccl", timeout_s=120)
+    if rank < 2:  # two senders, each its torch.chunk rows of every tensor
+        shards = ((n, torch.chunk(t, 2)[rank], tuple(t.shape)) for n, t in _weights(device))
+        stats = send_weight_shards(group, shards, senders=2, version=4, device=device, bucket_bytes=16 * MB)
+        out.put((rank, stats.metrics(), None))
+        return
+    stats = TransferStats()
+    got = {n: t.cpu().clone() for n, t in receive_weights(group, device, stats, senders=2)}
+    want = {n: t.cpu() for n, t in _weights(torch.device("cpu"))}
+    same = got.keys() == want.keys() and all(torch.equal(got[n], want[n]) for n in want)
+    out.put((rank, stats.metrics(), (same, stats.version)))
+
+
+def test_nccl_row_shards_from_two_senders_are_bitwise():
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_sharded_member, args=(r, port, out)) for r in range(3)]
+    for p in procs:
+        p.start()
+    results = dict((r, (m, c)) for r, m, c in (out.get(timeout=300) for _ in procs))
+    for p in procs:
+        p.join(timeout=60)
+    total = sum(t.numel() * t.element_size() for _, t in _weights(torch.device("cpu")))
+    sent = [results[r][0]["perf/weight_sync_bytes"] for r in (0, 1)]
+    print(f"NCCL row shards: {sent[0] / 1e6:.1f} + {sent[1] / 1e6:.1f} MB of {total / 1e6:.1f} MB")
+    assert sum(sent) == total and max(sent) < 0.6 * total
+    same, version = results[2][1]
+    assert same and version == 4

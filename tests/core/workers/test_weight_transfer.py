@@ -1,6 +1,7 @@
 """Weight transfer between pools: one sender and two receivers in a transfer group of their own (gloo, three
-processes), as the actor's rank 0 and a rollout pool of two ranks. Every tensor arrives bitwise, whatever its
-dtype and shape, across bucket boundaries and with tensors larger than a bucket."""
+processes), as the actor's rank 0 and a rollout pool of two ranks; and two senders each sending its dim-0 rows (an
+FSDP actor of two ranks). Every tensor arrives bitwise, whatever its dtype and shape, across bucket boundaries and
+with tensors larger than a bucket."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ import pytest
 import torch
 
 from verl.controller.worker import free_port
-from verl.workers.weight_transfer import TransferStats, join_transfer_group, receive_weights, send_weights
+from verl.workers.weight_transfer import (
+    TransferStats,
+    join_transfer_group,
+    receive_weights,
+    row_block_bytes,
+    send_weight_shards,
+    send_weights,
+)
 
 pytestmark = pytest.mark.slow  # a multi-process gloo world (the fast tier skips it; tests/BUILD tags it too)
 
@@ -75,3 +83,67 @@ def test_every_tensor_arrives_bitwise_in_buckets(bucket=1024):
         for name, tensor in want.items():
             assert got[name].dtype == tensor.dtype and got[name].shape == tensor.shape, name
             assert torch.equal(got[name], tensor), name
+
+
+def _rows(t: torch.Tensor, rank: int, senders: int) -> torch.Tensor:
+    """This sender's rows as FSDP holds them (torch.chunk over dim 0; none for the last ranks of a short tensor)."""
+    if t.dim() == 0:
+        return t if rank == 0 else t.new_empty((0,))
+    chunks = torch.chunk(t.contiguous(), senders, dim=0)
+    return chunks[rank] if rank < len(chunks) else t.new_empty((0, *t.shape[1:]))
+
+
+def _sharded_member(rank: int, port: int, senders: int, world: int, out: "mp.Queue") -> None:
+    group = join_transfer_group("127.0.0.1", port, rank, world, "gloo", timeout_s=60)
+    weights = _weights() + [("short", torch.randn(1, 5))]  # one row: the second sender holds none of it
+    if rank < senders:
+        shards = ((name, _rows(t, rank, senders), tuple(t.shape)) for name, t in weights)
+        stats = send_weight_shards(
+            group, shards, senders=senders, version=2, device=torch.device("cpu"), bucket_bytes=1024
+        )
+        out.put((rank, stats.bytes, None))
+        return
+    stats = TransferStats()
+    got = {name: t.clone() for name, t in receive_weights(group, torch.device("cpu"), stats, senders=senders)}
+    buffer = io.BytesIO()
+    torch.save(got, buffer)
+    out.put((rank, stats.bytes, buffer.getvalue()))
+
+
+def test_each_sender_sends_its_rows_and_receivers_get_whole_tensors(senders=2, world=4):
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_sharded_member, args=(r, port, senders, world, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        for _ in procs:
+            rank, nbytes, got = out.get(timeout=120)
+            results[rank] = (nbytes, got)
+    except queue.Empty:
+        pytest.fail(f"the transfer group did not finish within 120 s (results from ranks {sorted(results)})")
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+    torch.manual_seed(0)
+    want = dict(_weights() + [("short", torch.zeros(1, 5))])
+    total = sum(t.numel() * t.element_size() for t in want.values())
+    sent = [results[r][0] for r in range(senders)]
+    assert sum(sent) == total and max(sent) < 0.6 * total  # each sender about half
+    for rank in range(senders, world):
+        nbytes, saved = results[rank]
+        got = torch.load(io.BytesIO(saved))
+        assert nbytes == total and list(got) == list(want)
+        for name, tensor in want.items():
+            assert got[name].dtype == tensor.dtype and got[name].shape == tensor.shape, name
+            if name != "short":  # (random in each sender process)
+                assert torch.equal(got[name], tensor), name
+
+
+def test_row_blocks_follow_torch_chunk():
+    assert row_block_bytes((5, 2), 2, 4) == [24, 16]  # rows 3 + 2
+    assert row_block_bytes((1, 3), 4, 2) == [6, 0, 0, 0]
+    assert row_block_bytes((), 3, 8) == [8, 0, 0]
+    assert row_block_bytes((6,), 4, 1) == [2, 2, 2, 0]  # torch.chunk: 3 chunks of 2, the 4th rank none

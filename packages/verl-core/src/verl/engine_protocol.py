@@ -160,7 +160,9 @@ class TrainEngine(Protocol):
 
     def weights(self) -> Iterator[Tuple[str, torch.Tensor]]:
         """Full (unsharded) parameters one tensor at a time, in Hugging Face names; collective on all ranks.
-        With LoRA adapters, the base with the adapters merged in."""
+        With LoRA adapters, the base with the adapters merged in. (An engine whose ranks hold row blocks of each
+        tensor may also offer `weight_shards()`: (name, this rank's dim-0 rows, full shape), or None, which a
+        rollout on a pool of its own then receives from every rank, nothing gathered: verl_fsdp's engine.)"""
 
     def lora_adapter(self) -> Optional[Tuple[Dict[str, Any], Weights]]:
         """With LoRA adapters: (their peft adapter_config as a dict, the adapter tensors, full, under peft's saved

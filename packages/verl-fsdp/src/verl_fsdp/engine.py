@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 from verl import engine_skeleton as parts
 from verl.engine_protocol import EngineConfig, LossFn, Metrics, TrainEngine
@@ -59,6 +59,7 @@ class FSDPEngine:
         if not dist.is_initialized():
             raise RuntimeError("FSDPEngine needs torch.distributed initialised (the worker's init_distributed)")
         self.cfg = cfg
+        self._shard_names: Optional[Dict[str, str]] = None  # parameter -> checkpoint name (weight_shards)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.device = cfg.torch_device()
         self.dtype = cfg.compute_dtype()
@@ -295,6 +296,33 @@ class FSDPEngine:
         named = merged_weights(self.model, _full) if lora else self.model.named_parameters()
         for name, tensor in named:
             yield from checkpoint_tensors(hf_model, name, _full(tensor.detach()))
+
+    def weight_shards(self) -> Optional[Iterator[Tuple[str, torch.Tensor, Tuple[int, ...]]]]:
+        """This rank's dim-0 rows of each parameter under its checkpoint name, with the full shape: what a rank sends
+        to a rollout pool of its own without gathering anything (verl.workers.weight_transfer.send_weight_shards).
+        None where a parameter's checkpoint form is not its own rows (LoRA's merged weights, a mixture of experts'
+        fused experts) or it is not sharded on dim 0."""
+        if is_lora(self.model):
+            return None
+        if self._shard_names is None:  # read once: {} when some parameter cannot go as its own rows
+            names: Dict[str, str] = {}
+            for name, p in self.model.named_parameters():
+                saved = list(checkpoint_tensors(self.model, name, torch.empty(p.shape, dtype=p.dtype, device="meta")))
+                rows = isinstance(p, DTensor) and tuple(p.placements) == (Shard(0),)
+                if len(saved) != 1 or saved[0][1].shape != p.shape or not rows:
+                    names = {}
+                    break
+                names[name] = saved[0][0]
+            self._shard_names = names
+        if not self._shard_names:
+            return None
+        return self._local_rows()
+
+    def _local_rows(self) -> Iterator[Tuple[str, torch.Tensor, Tuple[int, ...]]]:
+        assert self._shard_names is not None
+        self.params_away.resident()
+        for name, p in self.model.named_parameters():
+            yield self._shard_names[name], cast(DTensor, p).to_local().detach(), tuple(p.shape)
 
     def lora_adapter(self) -> Optional[Tuple[Dict[str, Any], Iterator[Tuple[str, torch.Tensor]]]]:
         """With LoRA: (peft adapter config, the adapter tensors, full, in peft's saved names); else None."""

@@ -34,13 +34,15 @@ class Workers:
     unchecked_noted: bool = False
 
     def join_weight_transfer(self, ranks: Optional[List[int]] = None) -> None:
-        """(Re-)form the transfer group: the actor's rank 0 and the rollout `ranks` (default: all)."""
+        """(Re-)form the transfer group: the sending actor ranks (rank 0, or all of them) and the rollout `ranks`
+        (default: all)."""
         self.rollout_ranks = list(range(self.rollout.world_size)) if ranks is None else list(ranks)
         endpoint = self.actor_rollout.call(ActorRolloutRefWorker.weight_transfer_endpoint)[0]
-        host, port, world = endpoint["host"], endpoint["port"], 1 + len(self.rollout_ranks)
-        joins = [self.actor_rollout.submit(ActorRolloutRefWorker.join_weight_transfer, host, port, world)]
+        host, port, senders = endpoint["host"], endpoint["port"], endpoint["senders"]
+        world = senders + len(self.rollout_ranks)
+        joins = [self.actor_rollout.submit(ActorRolloutRefWorker.join_weight_transfer, host, port, world, senders)]
         joins += [
-            self.rollout.submit_to(r, RolloutWorker.join_weight_transfer, host, port, world, 1 + i)
+            self.rollout.submit_to(r, RolloutWorker.join_weight_transfer, host, port, world, senders + i, senders)
             for i, r in enumerate(self.rollout_ranks)
         ]
         for pending in joins:
@@ -52,18 +54,22 @@ class Workers:
 
     def sync_weights(self, version: int) -> Dict[str, float]:
         """Send the actor's weights (policy `version`) to the rollout's own pool and wait until it has loaded them
-        (a rollout still generating a batch finishes it first: a worker runs its calls in order). Metrics: the bytes,
-        buckets and GB/s of the sender's pass, the slowest receiver's seconds (timing/weight_sync_s), and the
-        lowest version any rollout rank holds (rollout/weight_version)."""
+        (a rollout still generating a batch finishes it first: a worker runs its calls in order). Metrics: the bytes
+        sent (all senders; perf/weight_sync_max_sender_bytes: the busiest one's), buckets and GB/s of rank 0's pass,
+        the slowest receiver's seconds (timing/weight_sync_s), and the lowest version any rollout rank holds
+        (rollout/weight_version)."""
         self.syncs += 1
         check = due(self.syncs, self.verify_every)
         sent = self.actor_rollout.submit(ActorRolloutRefWorker.send_weights, version, self.bucket_bytes)
         # the ranks in the transfer group: all, or those left after a replica failed (on_replica_failure=continue)
         calls = [self.rollout.submit_to(r, RolloutWorker.receive_weights, version, check) for r in self.rollout_ranks]
         receivers = [c.result() for c in calls]
-        sender = sent.result()[0]
+        senders = sent.result()
+        sent_bytes = [r["perf/weight_sync_bytes"] for r in senders]
         metrics = {
-            **sender,
+            **senders[0],
+            "perf/weight_sync_bytes": float(sum(sent_bytes)),  # the whole model, whichever ranks sent it
+            "perf/weight_sync_max_sender_bytes": float(max(sent_bytes)),
             "timing/weight_sync_s": max(r["timing/weight_sync_s"] for r in receivers),
             "rollout/weight_version": min(r["rollout/weight_version"] for r in receivers),
         }

@@ -23,7 +23,7 @@ from verl.workers.build_engines import rollout_engine, train_engine
 from verl.workers.losses import actor_loss_fn, preference_loss_fn, sft_loss
 from verl.workers.setup import setup_worker
 from verl.workers.weight_check import Report, due, watch_sync
-from verl.workers.weight_transfer import join_transfer_group, send_weights
+from verl.workers.weight_transfer import join_transfer_group, send_weight_shards, send_weights
 
 ROLES = ("actor", "rollout", "ref")
 
@@ -87,7 +87,8 @@ class ActorRolloutRefWorker(Worker):
         self.actor: Any = None
         self.rollout: Any = None
         self.ref: Any = None
-        self.transfer: Any = None  # rank 0's member of the transfer group to a rollout pool of its own, once joined
+        self.transfer: Any = None  # this rank's member of the transfer group to a rollout pool of its own, if it sends
+        self.senders = 1  # the actor ranks sending over it (join_weight_transfer)
         self.syncs = 0  # weight syncs into the colocated rollout after an update (rollout.verify_weights_every)
         self.weight_report: Optional[Report] = None  # the last checked sync's, until the driver takes it
 
@@ -253,23 +254,41 @@ class ActorRolloutRefWorker(Worker):
     # ---- a rollout on a pool of its own: weights go out over the transfer group ------------------------------
     @register(Dispatch.ONE_TO_ALL)
     def weight_transfer_endpoint(self) -> Dict[str, Any]:
-        """Where rank 0 hosts the transfer group's rendezvous: this node's address and a free port."""
-        return {"host": self.master_addr, "port": free_port()}
+        """Where rank 0 hosts the transfer group's rendezvous (this node's address and a free port), and how many
+        actor ranks send: every one when the engine can send its own rows of each tensor (`weight_shards`: FSDP),
+        else rank 0 alone, with whole tensors the ranks assemble together."""
+        shards = getattr(self._need("actor"), "weight_shards", None)
+        senders = self.world_size if shards is not None and shards() is not None else 1
+        return {"host": self.master_addr, "port": free_port(), "senders": senders}
 
     @register(Dispatch.ONE_TO_ALL)
-    def join_weight_transfer(self, host: str, port: int, world: int) -> None:
-        """Rank 0 joins the transfer group as its sender (rank 0); the other ranks only help assemble tensors."""
-        self.transfer = join_transfer_group(host, port, 0, world, self.collective_backend) if self.rank == 0 else None
+    def join_weight_transfer(self, host: str, port: int, world: int, senders: int = 1) -> None:
+        """The sending ranks (rank 0, or every rank when `senders` is the world size) join the transfer group as its
+        first members; the other ranks only help assemble tensors."""
+        self.senders = senders
+        joins = self.rank < senders
+        self.transfer = join_transfer_group(host, port, self.rank, world, self.collective_backend) if joins else None
 
     @register(Dispatch.ONE_TO_ALL)
     def send_weights(self, version: int, bucket_bytes: int) -> Dict[str, float]:
-        """Stream the actor's full weights to the rollout pool (collective with `RolloutWorker.receive_weights`;
-        every actor rank takes part in assembling them, rank 0 sends)."""
+        """Stream the actor's weights to the rollout pool (collective with `RolloutWorker.receive_weights`): each
+        rank its own rows of every tensor, or rank 0 the whole tensors every actor rank takes part in assembling.
+        perf/weight_sync_bytes: what this rank sent."""
         actor = self._need("actor")
         with self.peaks("weight_sync"):
-            stats = send_weights(
-                self.transfer, actor.weights(), version=version, device=self.device, bucket_bytes=bucket_bytes
-            )
+            if self.senders > 1:
+                stats = send_weight_shards(
+                    self.transfer,
+                    actor.weight_shards(),
+                    senders=self.senders,
+                    version=version,
+                    device=self.device,
+                    bucket_bytes=bucket_bytes,
+                )
+            else:
+                stats = send_weights(
+                    self.transfer, actor.weights(), version=version, device=self.device, bucket_bytes=bucket_bytes
+                )
         return {**stats.metrics(), "perf/weight_sync_comm_bytes": float(actor.sync_received_bytes())}
 
     @register(Dispatch.ONE_TO_ALL)

@@ -43,6 +43,7 @@ class RolloutWorker(Worker):
         self.tokenizer_path = tokenizer_path or model_path
         self.engine: Any = None
         self.transfer: Any = None  # this rank's member of the transfer group, once joined
+        self.senders = 1  # the actor ranks that send over it
         self.version = 0  # the policy version of the weights held: the actor's updates before them
         self.server: Optional[RolloutServer] = None  # the rollout service's replica on this rank, once started
         self.weight_report: Optional[Report] = None  # the last checked sync's, until the driver takes it
@@ -81,10 +82,10 @@ class RolloutWorker(Worker):
         return out
 
     @register(Dispatch.ONE_TO_ALL)
-    def join_weight_transfer(self, host: str, port: int, world: int, member: Optional[int] = None) -> None:
-        """Join the transfer group as `member` (default 1 + this rank; the actor's rank 0 sends). A group re-formed
-        without a failed replica numbers the others anew."""
-        member = 1 + self.rank if member is None else member
+    def join_weight_transfer(self, host: str, port: int, world: int, member: int, senders: int = 1) -> None:
+        """Join the transfer group as `member` (after the `senders` actor ranks; a group re-formed without a failed
+        replica numbers the others anew)."""
+        self.senders = senders
         self.transfer = join_transfer_group(host, port, member, world, self.collective_backend)
 
     @register(Dispatch.ONE_TO_ALL)
@@ -96,7 +97,7 @@ class RolloutWorker(Worker):
             raise RuntimeError("receive_weights before join_weight_transfer: the transfer group is not set up")
         stats = TransferStats()
         with self.peaks("weight_sync"):
-            received = receive_weights(self.transfer, self.device, stats)
+            received = receive_weights(self.transfer, self.device, stats, senders=self.senders)
             with watch_sync(self.engine, received, version, check, lock=self._engine()) as watched:
                 if self.server is not None:
                     # Received into host memory while the service keeps generating (one copy of the weights), then

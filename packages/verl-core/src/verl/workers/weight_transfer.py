@@ -38,8 +38,10 @@ class TransferGroup:
     rank: int
     world: int
 
-    def broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
-        self.group.broadcast([tensor], dist.BroadcastOptions()).wait()  # root rank 0: the sender
+    def broadcast(self, tensor: torch.Tensor, root: int = SENDER) -> torch.Tensor:
+        options = dist.BroadcastOptions()
+        options.rootRank = root
+        self.group.broadcast([tensor], options).wait()
         return tensor
 
 
@@ -101,6 +103,59 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().contiguous().view(-1).view(torch.uint8)
 
 
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+# One tensor of a bucket as the header names it: name, dtype, full shape, and the bytes each sender holds of it (its
+# rows: senders' parts are consecutive row blocks of the tensor, in sender order).
+Entry = Tuple[str, str, Tuple[int, ...], List[int]]
+
+
+class _Buckets:
+    """Cuts a stream of tensors into buckets of at most `bucket_bytes` (by full size, the same cut on every sender)
+    and sends each: the header from sender 0, then each sender's flat buffer of its parts."""
+
+    def __init__(self, group: Optional[TransferGroup], member: int, senders: int, version: int, device, bucket_bytes):
+        self.group, self.member, self.senders, self.version = group, member, senders, version
+        self.device, self.bucket_bytes = device, bucket_bytes
+        self.entries: List[Entry] = []
+        self.mine: List[torch.Tensor] = []  # this sender's part of each entry
+        self.held = 0
+        self.stats = TransferStats()
+
+    def add(self, name: str, part: torch.Tensor, shape: Tuple[int, ...], parts: List[int]) -> None:
+        full = sum(parts)
+        if self.entries and self.held + full > self.bucket_bytes:
+            self.flush(last=False)
+        self.entries.append((name, str(part.dtype).removeprefix("torch."), tuple(shape), parts))
+        self.mine.append(part)
+        self.held += full
+
+    def flush(self, last: bool) -> None:
+        if self.group is not None:
+            if self.member == SENDER:
+                _send_object(self.group, {"version": self.version, "entries": self.entries, "last": last}, self.device)
+            else:  # every sender takes part in every broadcast of the group, the header's too
+                _receive_object(self.group, self.device)
+            for sender in range(self.senders):
+                size = sum(_aligned(e[3][sender]) for e in self.entries)
+                if size == 0:
+                    continue
+                if sender == self.member:
+                    flat, offset = torch.zeros(size, dtype=torch.uint8, device=self.device), 0
+                    for entry, part in zip(self.entries, self.mine):
+                        nbytes = entry[3][sender]
+                        flat[offset : offset + nbytes] = _as_bytes(part.to(self.device))
+                        offset += _aligned(nbytes)
+                    self.stats.bytes += sum(e[3][sender] for e in self.entries)
+                else:
+                    flat = torch.empty(size, dtype=torch.uint8, device=self.device)
+                self.group.broadcast(flat, root=sender)
+            self.stats.buckets += 1
+        self.entries, self.mine, self.held = [], [], 0
+
+
 def send_weights(
     group: Optional[TransferGroup],
     weights: Iterable[Tuple[str, torch.Tensor]],
@@ -109,60 +164,84 @@ def send_weights(
     device: torch.device,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
 ) -> TransferStats:
-    """Broadcast `weights` to the receivers in buckets; `group` None on actor ranks that only help assemble
-    the tensors (the iterator is collective over the actor's ranks, so every one of them must consume it).
-    The seconds (and GB/s) cover the whole pass: assembling each tensor (FSDP gathers, megatron's TP/PP
-    pieces) and sending it."""
-    stats, start = TransferStats(), time.perf_counter()
-    bucket: List[Tuple[str, torch.Tensor]] = []
-    held = 0
-
-    def flush(last: bool) -> None:
-        nonlocal bucket, held
-        if group is not None:
-            entries, offset = [], 0
-            for name, t in bucket:
-                nbytes = t.numel() * t.element_size()
-                entries.append((name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, nbytes))
-                offset += -(-nbytes // ALIGN) * ALIGN
-            _send_object(group, {"version": version, "entries": entries, "last": last}, device)
-            if bucket:
-                flat = torch.zeros(offset, dtype=torch.uint8, device=device)
-                for (_, t), (_, _, _, at, nbytes) in zip(bucket, entries):
-                    flat[at : at + nbytes] = _as_bytes(t.to(device))
-                group.broadcast(flat)
-            stats.buckets += 1
-            stats.bytes += held
-        bucket, held = [], 0
-
+    """Broadcast `weights` to the receivers in buckets from the one sender (the actor's rank 0); `group` None on
+    actor ranks that only help assemble the tensors (the iterator is collective over the actor's ranks, so every
+    one of them must consume it). The seconds (and GB/s) cover the whole pass: assembling each tensor (FSDP
+    gathers, megatron's TP/PP pieces) and sending it."""
+    start = time.perf_counter()
+    buckets = _Buckets(group, SENDER, 1, version, device, bucket_bytes)
     for name, tensor in weights:
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and held + nbytes > bucket_bytes:
-            flush(last=False)
-        bucket.append((name, tensor))
-        held += nbytes
-    flush(last=True)
-    stats.seconds = time.perf_counter() - start
-    return stats
+        buckets.add(name, tensor, tuple(tensor.shape), [tensor.numel() * tensor.element_size()])
+    buckets.flush(last=True)
+    buckets.stats.seconds = time.perf_counter() - start
+    return buckets.stats
+
+
+def send_weight_shards(
+    group: TransferGroup,
+    shards: Iterable[Tuple[str, torch.Tensor, Tuple[int, ...]]],
+    *,
+    senders: int,
+    version: int,
+    device: torch.device,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+) -> TransferStats:
+    """Every actor rank (transfer-group members 0 .. senders-1, each calling this) sends the rows it holds of each
+    tensor: `shards` yields (name, this rank's dim-0 rows, the full shape), rows split as torch.chunk splits them
+    over `senders` (FSDP's dim-0 shards). No rank gathers a whole tensor; each sends about 1/senders of the bytes.
+    `stats.bytes` counts this sender's."""
+    start = time.perf_counter()
+    buckets = _Buckets(group, group.rank, senders, version, device, bucket_bytes)
+    for name, part, shape in shards:
+        parts = row_block_bytes(shape, senders, part.element_size())
+        if part.numel() * part.element_size() != parts[group.rank]:
+            raise RuntimeError(
+                f"{name}: rank {group.rank} holds {tuple(part.shape)} of {tuple(shape)}, not the rows torch.chunk "
+                f"gives it over {senders} ranks"
+            )
+        buckets.add(name, part, shape, parts)
+    buckets.flush(last=True)
+    buckets.stats.seconds = time.perf_counter() - start
+    return buckets.stats
+
+
+def row_block_bytes(shape: Tuple[int, ...], senders: int, element_size: int) -> List[int]:
+    """The bytes of each sender's rows when torch.chunk splits dim 0 of `shape` into `senders` blocks (the last
+    ranks may hold none); a 0-d tensor is sender 0's."""
+    if not shape:
+        return [element_size] + [0] * (senders - 1)
+    rows, row_bytes = shape[0], element_size * int(torch.Size(shape[1:]).numel())
+    per = -(-rows // senders) if rows else 0
+    return [max(0, min(per, rows - r * per)) * row_bytes for r in range(senders)]
 
 
 def receive_weights(
-    group: TransferGroup, device: torch.device, stats: TransferStats
+    group: TransferGroup, device: torch.device, stats: TransferStats, senders: int = 1
 ) -> Iterator[Tuple[str, torch.Tensor]]:
-    """The sender's tensors one at a time, as they arrive (feed them to `RolloutEngine.update_weights`).
+    """The senders' tensors one at a time, whole, as they arrive (feed them to `RolloutEngine.update_weights`).
+    `senders`: how many actor ranks send (1: rank 0 sends whole tensors; more: each its rows, joined here).
     `stats` is filled in as the buckets come; its `version` attribute is set from the headers."""
     start = time.perf_counter()
     while True:
         header = _receive_object(group, device)
         stats.version = header["version"]
-        entries = header["entries"]
-        if entries:
-            last = entries[-1][3] + entries[-1][4]
-            flat = group.broadcast(torch.empty(-(-last // ALIGN) * ALIGN, dtype=torch.uint8, device=device))
-            for name, dtype, shape, offset, nbytes in entries:
-                tensor = flat[offset : offset + nbytes].view(getattr(torch, dtype)).view(shape)
-                stats.bytes += nbytes
-                yield name, tensor
+        entries: List[Entry] = header["entries"]
+        flats = []
+        for sender in range(senders):
+            size = sum(_aligned(e[3][sender]) for e in entries)
+            flats.append(
+                group.broadcast(torch.empty(size, dtype=torch.uint8, device=device), root=sender) if size else None
+            )
+        offsets = [0] * senders
+        for name, dtype, shape, parts in entries:
+            pieces = []
+            for sender, nbytes in enumerate(parts):
+                if nbytes:
+                    pieces.append(flats[sender][offsets[sender] : offsets[sender] + nbytes])
+                    offsets[sender] += _aligned(nbytes)
+            data = torch.cat(pieces) if len(pieces) > 1 else pieces[0] if pieces else torch.empty(0, dtype=torch.uint8)
+            stats.bytes += sum(parts)
+            yield name, data.view(getattr(torch, dtype)).view(shape)
         stats.buckets += 1
         if header["last"]:
             break
