@@ -68,7 +68,7 @@ TESTS=(
   "megatron|B_MEGATRON|megatron parity: log-probs against HF, HF <-> mcore exact, bf16 steps, THD rows with TransformerEngine; TP/PP/CP with 2 GPUs|tests/gpu/test_megatron_gpu.py --deselect tests/gpu/test_megatron_gpu.py::test_grpo_tiny_megatron_steps_on_one_gpu"
   "offload|B_OFFLOAD|offload between phases: device memory given back, the same steps (FSDP, megatron)|tests/gpu/test_offload_gpu.py"
   "memory|B_MEMORY|memory plan: each phase's estimated peak against torch.cuda.max_memory_allocated (FSDP, bf16)|tests/gpu/test_memory_gpu.py"
-  "kernels|B_KERNELS|Triton log-prob/entropy kernels compiled for the device, against the reference (model-like sizes too)|tests/kernels/test_triton.py"
+  "kernels|B_KERNELS|Triton log-prob/entropy kernels and the weight-check fingerprint compiled for the device, against the references|tests/kernels/test_triton.py tests/kernels/test_fingerprint_triton.py"
   "megatron_steps|B_MEGATRON_STEPS|recipes:grpo_tiny_megatron at TP=1 on the GPU: 5 GRPO steps, step time|tests/gpu/test_megatron_gpu.py::test_grpo_tiny_megatron_steps_on_one_gpu"
 )
 # The benchmarks: id|budget variable|what|command (run with the environment's python; --out is added here).

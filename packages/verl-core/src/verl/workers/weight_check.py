@@ -16,6 +16,7 @@ each rank's parameters after the load. The driver compares them per rollout repl
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
@@ -44,7 +45,17 @@ _CHUNK = {"cpu": 1 << 16, "cuda": 1 << 24}
 
 
 def fingerprint(tensor: torch.Tensor) -> Fingerprint:
-    """The tensor's fingerprint, computed on its device."""
+    """The tensor's fingerprint, computed on its device (on a GPU by verl-kernels' Triton kernel when installed:
+    one read of the tensor instead of several passes)."""
+    if tensor.is_cuda:
+        kernel = _gpu_kernel()
+        if kernel is not None:
+            return kernel(tensor)
+    return torch_fingerprint(tensor)
+
+
+def torch_fingerprint(tensor: torch.Tensor) -> Fingerprint:
+    """`fingerprint` in torch operations: the tensor widened to int64 piece by piece."""
     bits = tensor.detach().reshape(-1).view(_INT[tensor.element_size()])
     total = torch.zeros(2, dtype=torch.int64, device=bits.device)
     for chunk in bits.split(_CHUNK.get(bits.device.type, 1 << 20)):
@@ -53,6 +64,15 @@ def fingerprint(tensor: torch.Tensor) -> Fingerprint:
         total[1] += (wide * wide).sum()
     s, q = total.tolist()
     return s % MOD, q % MOD
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_kernel() -> Optional[Callable[[torch.Tensor], Fingerprint]]:
+    try:
+        from verl_kernels.fingerprint import fingerprint as kernel  # pants: no-infer-dep (an optional package)
+    except ImportError:  # verl-kernels or Triton not installed: the torch path
+        return None
+    return kernel
 
 
 def add(a: Fingerprint, b: Fingerprint) -> Fingerprint:
