@@ -89,3 +89,11 @@ def test_a_scaled_target_is_fingerprinted_as_its_loader_scales_it():
     recorder = Recorder(lambda name: Target("slot.lora_b.0", torch.bfloat16, 2.5))
     list(recorder.observe([("b", b)]))
     assert recorder.expected == {"slot.lora_b.0": fingerprint((b * 2.5).bfloat16())}
+
+
+def test_a_zero_tensor_the_engine_lists_nowhere_is_held():
+    """vLLM lists only the LoRA slices that hold something: a B matrix still all zeros (an adapter before its first
+    update, or one whose gradient was zero) is not missing."""
+    zero, w = fingerprint(torch.zeros(4, 8)), fingerprint(torch.randn(4, 8))
+    verdict = compare([_report({"b": zero, "a": w}, {"a": w})], replica_size=1)
+    assert verdict.problems == [] and verdict.checked == 2
