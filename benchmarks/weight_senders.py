@@ -31,30 +31,16 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(ROOT / "packages" / "verl-core" / "src")]
 
-from gpu_weight_sync import MODELS  # noqa: E402
+from gpu_weight_sync import MODELS, shapes  # noqa: E402
 from machine import machine_line, write_report  # noqa: E402
 
 MB = 1 << 20
 
 
 def tensors(model: str) -> list[tuple[str, torch.Tensor]]:
-    vocab, hidden, inter, layers, kv = MODELS[model]
+    """The model's checkpoint tensors (gpu_weight_sync's shapes), random, float32."""
     g = torch.Generator().manual_seed(0)
-    out = [("model.embed_tokens.weight", torch.randn(vocab, hidden, generator=g))]
-    for i in range(layers):
-        p = f"model.layers.{i}."
-        shapes = {
-            "self_attn.q_proj.weight": (hidden, hidden),
-            "self_attn.k_proj.weight": (kv, hidden),
-            "self_attn.v_proj.weight": (kv, hidden),
-            "self_attn.o_proj.weight": (hidden, hidden),
-            "mlp.gate_proj.weight": (inter, hidden),
-            "mlp.up_proj.weight": (inter, hidden),
-            "mlp.down_proj.weight": (hidden, inter),
-            "input_layernorm.weight": (hidden,),
-        }
-        out += [(p + k, torch.randn(*s, generator=g)) for k, s in shapes.items()]
-    return out
+    return [(name, torch.randn(shape, generator=g)) for name, shape in shapes(model)]
 
 
 def rows(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:

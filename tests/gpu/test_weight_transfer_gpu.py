@@ -49,11 +49,12 @@ def _member(rank: int, port: int, out) -> None:
     out.put((rank, stats.metrics(), (same, stats.version)))
 
 
-def test_nccl_transfer_is_bitwise_and_measured():
+def _run(member) -> dict:
+    """Three processes (a GPU each) running member(rank, port, out); each puts (rank, metrics, check)."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_member, args=(r, port, out)) for r in range(3)]
+    procs = [ctx.Process(target=member, args=(r, port, out)) for r in range(3)]
     for p in procs:
         p.start()
     results = {}
@@ -62,6 +63,11 @@ def test_nccl_transfer_is_bitwise_and_measured():
         results[rank] = (metrics, check)
     for p in procs:
         p.join(timeout=60)
+    return results
+
+
+def test_nccl_transfer_is_bitwise_and_measured():
+    results = _run(_member)
     sender = results[0][0]
     print(
         f"NCCL weight transfer: {sender['perf/weight_sync_bytes'] / 1e6:.1f} MB in {sender['timing/weight_sync_s']:.4f} s = "
@@ -89,15 +95,7 @@ def _sharded_member(rank: int, port: int, out) -> None:
 
 
 def test_nccl_row_shards_from_two_senders_are_bitwise():
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_sharded_member, args=(r, port, out)) for r in range(3)]
-    for p in procs:
-        p.start()
-    results = dict((r, (m, c)) for r, m, c in (out.get(timeout=300) for _ in procs))
-    for p in procs:
-        p.join(timeout=60)
+    results = _run(_sharded_member)
     total = sum(t.numel() * t.element_size() for _, t in _weights(torch.device("cpu")))
     sent = [results[r][0]["perf/weight_sync_bytes"] for r in (0, 1)]
     print(f"NCCL row shards: {sent[0] / 1e6:.1f} + {sent[1] / 1e6:.1f} MB of {total / 1e6:.1f} MB")

@@ -53,23 +53,29 @@ def _member(rank: int, port: int, bucket: int, out: "mp.Queue") -> None:
     out.put((rank, stats.bytes, stats.buckets, (stats.version, buffer.getvalue())))
 
 
-def test_every_tensor_arrives_bitwise_in_buckets(bucket=1024):
+def _run(member, world: int, *args) -> dict:
+    """Start `world` processes running member(rank, port, *args, out); each puts (rank, *result): {rank: result}."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_member, args=(r, port, bucket, out)) for r in range(3)]
+    procs = [ctx.Process(target=member, args=(r, port, *args, out)) for r in range(world)]
     for p in procs:
         p.start()
     results = {}
     try:
         for _ in procs:
-            rank, nbytes, buckets, got = out.get(timeout=120)
-            results[rank] = (nbytes, buckets, got)
+            rank, *result = out.get(timeout=120)
+            results[rank] = tuple(result)
     except queue.Empty:
         pytest.fail(f"the transfer group did not finish within 120 s (results from ranks {sorted(results)})")
     finally:
         for p in procs:
             p.join(timeout=30)
+    return results
+
+
+def test_every_tensor_arrives_bitwise_in_buckets(bucket=1024):
+    results = _run(_member, 3, bucket)
     want = dict(_weights())
     total = sum(t.numel() * t.element_size() for t in want.values())
     sent_bytes, sent_buckets, _ = results[0]
@@ -111,22 +117,7 @@ def _sharded_member(rank: int, port: int, senders: int, world: int, out: "mp.Que
 
 
 def test_each_sender_sends_its_rows_and_receivers_get_whole_tensors(senders=2, world=4):
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_sharded_member, args=(r, port, senders, world, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = {}
-    try:
-        for _ in procs:
-            rank, nbytes, got = out.get(timeout=120)
-            results[rank] = (nbytes, got)
-    except queue.Empty:
-        pytest.fail(f"the transfer group did not finish within 120 s (results from ranks {sorted(results)})")
-    finally:
-        for p in procs:
-            p.join(timeout=30)
+    results = _run(_sharded_member, world, senders, world)
     torch.manual_seed(0)
     want = dict(_weights() + [("short", torch.zeros(1, 5))])
     total = sum(t.numel() * t.element_size() for t in want.values())

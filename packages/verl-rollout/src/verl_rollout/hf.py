@@ -54,6 +54,7 @@ class HFRollout:
         self.module: Any = module  # (a transformers model: its generate is not in torch.nn.Module's type)
         self.gather = gather or contextlib.nullcontext
         self._released: Optional[dict] = None  # name -> shape of parameters released by sleep()
+        self._meta: Optional[Dict[str, torch.Tensor]] = None  # the parameters on the meta device (fingerprint_key)
         # routing replay r3: the experts every token went to come back as a batch column
         self.recorder = RouteRecorder(module) if settings.routes else None
 
@@ -171,7 +172,11 @@ class HFRollout:
 
     def fingerprint_key(self, name: str) -> Target:
         """The parameter checkpoint tensor `name` is loaded into, and its dtype."""
-        param, view = target(name, {n: p.data for n, p in self.module.named_parameters()})
+        if self._meta is None:  # the parameters' shapes and dtypes, read once (a released one's shape kept by sleep)
+            shapes = self._released or {n: p.shape for n, p in self.module.named_parameters()}
+            dtypes = {n: p.dtype for n, p in self.module.named_parameters()}
+            self._meta = {n: torch.empty(shapes[n], dtype=dtypes[n], device="meta") for n in dtypes}
+        param, view = target(name, self._meta)
         return Target(param, view.dtype)
 
     def weight_fingerprints(self) -> Optional[Dict[str, Optional[Fingerprint]]]:

@@ -86,7 +86,8 @@ class Workers:
         weight_sync/unchecked_params, timing/weight_check_s (the slowest rank's fingerprinting, both sides)."""
         if self.rollout is not None:
             ranks = list(self.rollout_ranks)
-            reports = [self.rollout.submit_to(r, RolloutWorker.take_weight_report).result() for r in ranks]
+            pending = [self.rollout.submit_to(r, RolloutWorker.take_weight_report) for r in ranks]
+            reports = [p.result() for p in pending]
         else:
             reports = self.actor_rollout.call(ActorRolloutRefWorker.take_weight_report)
             ranks = list(range(len(reports)))

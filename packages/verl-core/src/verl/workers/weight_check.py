@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
@@ -87,7 +87,6 @@ class Report:
     expected: Dict[str, Fingerprint]  # per parameter, from the tensors fed to the loader
     actual: Dict[str, Optional[Fingerprint]]  # per parameter, this rank's shard of it; None: not readable
     seconds: float = 0.0  # spent fingerprinting on this rank (both sides)
-    skipped: List[str] = field(default_factory=list)  # checkpoint names the engine holds no parameter for (tied)
 
 
 def scaled_like_the_loader(tensor: torch.Tensor, scale: float) -> torch.Tensor:
@@ -102,16 +101,13 @@ class Recorder:
     def __init__(self, key_of: KeyOf):
         self.key_of = key_of
         self.expected: Dict[str, Fingerprint] = {}
-        self.skipped: List[str] = []
         self.seconds = 0.0
 
     def observe(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> Iterator[Tuple[str, torch.Tensor]]:
         for name, tensor in weights:
             start = time.perf_counter()
             target = self.key_of(name)
-            if target is None:
-                self.skipped.append(name)
-            else:
+            if target is not None:  # (None: held nowhere of its own, a head tied to the embedding)
                 scaled = tensor if target.scale == 1.0 else scaled_like_the_loader(tensor, target.scale)
                 fp = fingerprint(scaled.to(target.dtype))
                 self.expected[target.key] = add(self.expected.get(target.key, (0, 0)), fp)
@@ -126,7 +122,7 @@ class Recorder:
         held = actual()
         if held is None:
             return None
-        return Report(version, self.expected, held, self.seconds + time.perf_counter() - start, self.skipped)
+        return Report(version, self.expected, held, self.seconds + time.perf_counter() - start)
 
 
 @dataclass
