@@ -37,15 +37,20 @@ from verl.utils.logprob import entropy_from_logits, logprobs_from_logits
 from verl.utils.offload import Away, empty_device_cache, optimizer_state_tensors
 from verl.utils.padding_free import padding_free
 from verl.utils.shared_prefix import MASKABLE_ATTENTION, PrefixPack, attention_weight_of, pack_shared_prefixes
+from verl_fsdp import dtensor_optim, sequence_parallel
 from verl_fsdp.lora import adapter_state, apply_lora, is_lora, merged_weights
 from verl_fsdp.model import build_model
-from verl_fsdp.parallelize import apply_fsdp
+from verl_fsdp.parallelize import apply_fsdp, apply_tp, split_world
 
 LORA_ADAPTER_DIR = "lora_adapter"  # where export_hf writes a LoRA run's peft adapter folder
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _local_bytes(tensors: Iterable[Optional[torch.Tensor]]) -> int:
@@ -63,7 +68,16 @@ class FSDPEngine:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.device = cfg.torch_device()
         self.dtype = cfg.compute_dtype()
-        self.mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("dp",))
+        self.tp, self.cp, self.dp = split_world(cfg.parallel, self.world_size)
+        # ranks as the placement plan numbers them: tp fastest, then cp, then dp
+        mesh = init_device_mesh(self.device.type, (self.dp, self.cp, self.tp), mesh_dim_names=("dp", "cp", "tp"))
+        self.dp_rank, self.cp_rank, self.tp_rank = (mesh.get_local_rank(d) for d in ("dp", "cp", "tp"))
+        self.dp_group = mesh.get_group("dp")
+        self.tp_mesh = mesh["tp"]
+        self.cp_group = mesh.get_group("cp") if self.cp > 1 else None
+        # FSDP shards over every rank that is not a tensor-parallel peer: the sequence-parallel ones hold the same
+        # parameters and differ only in the positions they compute.
+        self.mesh = mesh["dp", "cp"]._flatten("dp_cp") if self.cp > 1 else mesh["dp"]
 
         torch.manual_seed(cfg.seed)  # the same fresh value head on every rank
         model = build_model(cfg, torch.float32)  # master weights in fp32; mixed precision casts for compute
@@ -75,9 +89,15 @@ class FSDPEngine:
                 if not p.untyped_storage().resizable():
                     p.data = p.data.clone()
         if cfg.lora is not None:  # before sharding: FSDP shards the adapters with their layers
+            if self.tp > 1:
+                raise ValueError("LoRA on the fsdp engine is data parallel: set the role's parallel.tp=1")
             model = apply_lora(model, cfg.lora, cfg.kind)
+        # replicated parameters whose gradients only this rank's heads make (summed over tp after backward)
+        self._tp_partial = apply_tp(model, self.tp_mesh) if self.tp > 1 else []
+        if self.cp > 1:
+            sequence_parallel.check_shapes(model.config, self.cp, cfg.attn_implementation)
         # FSDP earns its hooks by sharding or mixed precision; with neither it only adds overhead.
-        self.sharded = self.world_size > 1 or self.dtype != torch.float32
+        self.sharded = self.mesh.size() > 1 or self.dtype != torch.float32
         if self.sharded:
             apply_fsdp(model, self.mesh, device=cfg.device, dtype=self.dtype)
         if cfg.device != "cpu":
@@ -89,7 +109,10 @@ class FSDPEngine:
         self._grad_bytes = 0  # this rank's gradients at the last optimizer step (freed right after it)
         if cfg.optim is not None:
             # LoRA: the frozen base has no gradients and no optimizer state
-            self.optimizer = parts.adamw([p for p in model.parameters() if p.requires_grad], cfg.optim)
+            self.optimizer = dtensor_optim.adamw([p for p in model.parameters() if p.requires_grad], cfg.optim)
+        # A colocated hf rollout generates on this module in place, each rank on its own rows; tensor-parallel
+        # layers need every tp peer in each forward, so the rollout keeps its own copy instead.
+        self.gathered = self._gathered if self.tp == 1 else None
         # Host memory between phases (verl.utils.offload); FSDP's shards are views of its sharded data, kept valid.
         self.params_away = Away(self.model.parameters, enabled=cfg.param_offload)
         self.optim_away = Away(
@@ -106,7 +129,8 @@ class FSDPEngine:
         empty_device_cache()
 
     def data_parallel_info(self) -> Tuple[int, int, bool]:
-        return self.rank, self.world_size, True  # FSDP: every rank is its own data-parallel replica
+        """tp and cp peers take the same rows; the first of them returns the results."""
+        return self.dp_rank, self.dp, self.tp_rank == 0 and self.cp_rank == 0
 
     # ---- forward -------------------------------------------------------------------------------------
     def _forward(
@@ -120,10 +144,22 @@ class FSDPEngine:
         self._tokens[0] += int(b["attention_mask"].sum())
         self._tokens[1] += padded
         self._tokens[2] += pack.tokens if pack is not None else padded
+        impl = self.model.config._attn_implementation
+        if self.cp > 1:  # this rank's chunk of every row's positions (verl_fsdp.sequence_parallel)
+            ids, pos = (pack.input_ids, pack.position_ids) if pack is not None else (b["input_ids"], b["position_ids"])
+            allowed = pack.allowed if pack is not None else sequence_parallel.padded_rows_allowed(b["attention_mask"])
+            assert allowed is not None  # (a padding-free pack takes no mask: refused with cp at construction)
+            kwargs, shards = sequence_parallel.shard(
+                ids.to(self.device), pos.to(self.device), allowed.to(self.device), self.cp_group, impl, self.dtype
+            )
+            with shards.attending(self.model):
+                return self._outputs(
+                    {**kwargs, "use_cache": False}, pack, labels, r, temperature, entropy, entropy_grad, shards
+                )
         if pack is not None:
             kwargs = dict(
                 input_ids=pack.input_ids,
-                attention_mask=pack.attention_mask(self.model.config._attn_implementation, self.dtype),
+                attention_mask=pack.attention_mask(impl, self.dtype),
                 position_ids=pack.position_ids,
                 use_cache=False,
             )
@@ -134,16 +170,33 @@ class FSDPEngine:
                 position_ids=b["position_ids"].to(self.device),
                 use_cache=False,
             )
+        return self._outputs(kwargs, pack, labels, r, temperature, entropy, entropy_grad)
+
+    def _outputs(
+        self,
+        kwargs: Dict[str, Any],
+        pack: Optional[PrefixPack],
+        labels: torch.Tensor,
+        r: int,
+        temperature: float,
+        entropy: bool,
+        entropy_grad: bool,
+        shards: Optional[sequence_parallel.SequenceShards] = None,
+    ) -> Dict[str, torch.Tensor]:
+        """The model on `kwargs`, read out at the positions that predict the response tokens (and their values);
+        with `shards`, this rank's positions, gathered from every cp rank before the read-out."""
+        whole = shards.gather if shards is not None else (lambda x: x)
         if self.cfg.kind == "value":
-            values = self.model(**kwargs).logits.squeeze(-1).float()
+            values = whole(self.model(**kwargs).logits).squeeze(-1).float()
             # The value of the state before each response token: positions P-1 .. P+R-2.
             return {"values": pack.gather(values) if pack is not None else values[:, -r - 1 : -1]}
-        if pack is None and not self.cfg.use_fused_kernels:
+        if pack is None and shards is None and not self.cfg.use_fused_kernels:
             # Only the last R+1 positions' logits are computed: the ones that predict response tokens.
             logits = self.model(**kwargs, logits_to_keep=r + 1).logits[:, :-1]
             return self._token_outputs(logits, labels, temperature, entropy)
-        hidden, head = self._hidden(kwargs, keep=0 if pack is not None else r + 1)
-        hidden = pack.gather(hidden) if pack is not None else hidden[:, :-1]
+        hidden, head = self._hidden(kwargs, keep=0 if pack is not None or shards is not None else r + 1)
+        hidden = whole(hidden)
+        hidden = pack.gather(hidden) if pack is not None else hidden[:, -r - 1 : -1]
         if self.cfg.use_fused_kernels:
             from verl_kernels import linear_logprob_entropy
 
@@ -229,25 +282,32 @@ class FSDPEngine:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         micro = parts.micro_batches(batch, micro_batch_size, max_tokens)
-        acc = parts.Accumulator.for_batch(batch, loss_fn)  # every rank is a data-parallel replica
+        acc = parts.Accumulator.for_batch(batch, loss_fn, self.dp_group)
         self._tokens = [0, 0, 0]
         for i, mb in enumerate(micro):
             if self.sharded:  # reduce-scatter gradients once, on the last micro-batch, not after every backward
                 self.model.set_requires_gradient_sync(i == len(micro) - 1)
             acc(self._forward(mb, **forward), mb).backward()
+        for p in self._tp_partial:
+            if p.grad is not None:
+                dist.all_reduce(_local(p.grad), group=self.tp_mesh.get_group())
         with self.optim_away.back():
             step = parts.optimizer_step(
                 self.state,
                 self.optimizer,
                 self.cfg,
-                grad_norm=lambda: float(
-                    _full(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip))
-                ),
+                grad_norm=self._clip_grad_norm,
                 update=lambda _: self._update(),
             )
         self.optimizer.zero_grad(set_to_none=True)
         layout = parts.layout_metrics(len(micro), *self._tokens)
         return {**acc.totals, **step, **layout}
+
+    def _clip_grad_norm(self) -> float:
+        params = list(self.model.parameters())
+        if len(dtensor_optim.by_mesh(params)) > 1:  # tensor-parallel parameters beside replicated ones
+            return dtensor_optim.clip_grad_norm(params, self.cfg.optim.grad_clip)
+        return float(_full(torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.grad_clip)))
 
     def _update(self) -> None:
         self._grad_bytes = _local_bytes(p.grad for p in self.model.parameters())
@@ -260,7 +320,7 @@ class FSDPEngine:
         return {"params": _local_bytes(self.model.parameters()), "grads": self._grad_bytes, "optimizer": optimizer}
 
     @contextlib.contextmanager
-    def gathered(self) -> Iterator[torch.nn.Module]:
+    def _gathered(self) -> Iterator[torch.nn.Module]:
         """Hold every FSDP unit unsharded (full weights, no per-forward all-gathers) for generation, then
         release them: the hybrid engine's generation phase without a second copy of the weights."""
         self.params_away.resident()
