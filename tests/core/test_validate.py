@@ -321,15 +321,29 @@ def test_expert_parallel_of_a_model_not_on_this_machine_is_left_to_the_engine():
     assert not errors(check(MEGATRON8, {"actor": {"parallel": {"ep": 2}}}))
 
 
-@pytest.mark.parametrize("axis", ["tp", "pp", "cp"])
-def test_fsdp_is_data_parallel_only(axis):
-    p = only(check({"placement": {"devices_per_node": 8}, "actor": {"parallel": {axis: 2}}}))
-    assert p.key == f"actor.parallel.{axis}" and "fsdp" in p.message and "megatron" in p.fix
+@pytest.mark.parametrize("role", ["actor", "critic"])
+def test_fsdp_splits_by_tensor_or_sequence_parallelism(role):
+    base = {"placement": {"devices_per_node": 8}, "critic": {"enable": True}}
+    for axis in ("tp", "cp"):
+        assert not errors(check(base, {role: {"parallel": {axis: 2}}}))
+    p = only(check(base, {role: {"parallel": {"tp": 2, "cp": 2}}}))
+    assert p.key == f"{role}.parallel.cp" and "not both" in p.message
+    p = only(check(base, {role: {"parallel": {"pp": 2}}}))
+    assert p.key == f"{role}.parallel.pp" and "pipeline" in p.message and "megatron" in p.fix
 
 
-def test_fsdp_critic_is_data_parallel_only_too():
-    p = only(check({"placement": {"devices_per_node": 8}, "critic": {"enable": True, "parallel": {"tp": 2}}}))
-    assert p.key == "critic.parallel.tp"
+def test_fsdp_tensor_parallel_refuses_lora_and_experts_by_key(tmp_path):
+    p = only(check({"placement": {"devices_per_node": 8}, "actor": {"parallel": {"tp": 2}, "lora": {"rank": 4}}}))
+    assert p.key == "actor.parallel.tp" and "LoRA" in p.message
+    moe = {"model": {"path": _moe_folder(tmp_path / "moe")}}
+    p = only(check({"placement": {"devices_per_node": 8}}, moe, {"actor": {"parallel": {"tp": 2}}}))
+    assert p.key == "actor.parallel.tp" and "experts" in p.message and "megatron" in p.fix
+
+
+def test_fsdp_sequence_parallel_needs_a_maskable_attention():
+    cfg = {"placement": {"devices_per_node": 8, "device": "cuda"}, "actor": {"parallel": {"cp": 2}}}
+    problems = check(cfg, {"model": {"attn_implementation": "flash_attention_2"}})
+    assert "actor.parallel.cp" in [p.key for p in problems]
 
 
 @pytest.mark.parametrize("axis", ["pp", "cp", "ep"])

@@ -1,6 +1,7 @@
 """The fsdp engine split over two gloo ranks by tensor parallelism (parallel.tp=2: the model's declared plan on its
 decoder layers) or Ulysses sequence parallelism (parallel.cp=2): log-probs, entropy and values within 1e-5 of one
-rank, and one optimizer step within 1e-6, on packed (shared-prefix) and padded rows."""
+rank, and one optimizer step within 1e-6, on packed (shared-prefix) and padded rows; each rank holds what the
+memory model says."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
+from transformers import AutoConfig
 
 from tests.support.engines import free_port, grouped_batch
 from tests.support.megatron_workers import random_model_dir
+from verl_fsdp.memory_model import state_bytes
 
 pytestmark = pytest.mark.slow
 
@@ -54,6 +57,7 @@ def _member(rank: int, port: int, world: int, path: str, parallel: dict, packed:
         metrics=metrics,
         weights=weights,
         info=engine.data_parallel_info(),
+        held=engine.held_bytes(),
         in_place=engine.gathered is not None,
     )
     buffer = io.BytesIO()  # by value: a queued tensor is a handle into this process, which may be gone
@@ -125,5 +129,9 @@ def test_two_ranks_equal_one(request, model, parallel, packed):
         assert got[rank]["weights"].keys() == want["weights"].keys()
         for name, expected in want["weights"].items():
             torch.testing.assert_close(got[rank]["weights"][name], expected, rtol=0, atol=1e-6, msg=name)
+    # what rank 0 holds is what the memory model says before launch (tp: the plan's pieces; cp: FSDP over both)
+    estimate = state_bytes(AutoConfig.from_pretrained(path), {**parallel, "dp": 1})[0].as_dict()
+    assert got[0]["held"] == estimate
+    assert estimate["params"] < state_bytes(AutoConfig.from_pretrained(path), {"dp": 1})[0].params * 0.75
     initial = load_file(os.path.join(path, "model.safetensors"))
     assert all(not torch.equal(want["weights"][name], t) for name, t in initial.items())  # the step moved them all

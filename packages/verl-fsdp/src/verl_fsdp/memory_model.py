@@ -11,6 +11,7 @@ parameter and a 4-byte step counter per trained tensor. `FSDPEngine.held_bytes()
 from __future__ import annotations
 
 import copy
+import fnmatch
 import math
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -66,6 +67,26 @@ def trained_shapes(
     return [(shape, trained and trains) for _, shape, trains in shapes]
 
 
+def tp_shapes(
+    shapes: Sequence[Tuple[str, Tuple[int, ...], bool]], hf_config: Any, tp: int
+) -> List[Tuple[str, Tuple[int, ...], bool]]:
+    """Each tensor's shape on one tensor-parallel rank, by the model's declared plan (verl_fsdp.parallelize): a
+    colwise projection keeps 1/tp of its rows (and bias), a rowwise one 1/tp of its columns (its bias whole)."""
+    if tp == 1:
+        return list(shapes)
+    plan = getattr(hf_config, "base_model_tp_plan", None) or {}
+    out = []
+    for name, shape, trains in shapes:
+        module, _, kind = name.rpartition(".")
+        module = module.split(".", 1)[1] if module.startswith("model.") else module  # under the base model
+        style = next((st for pattern, st in plan.items() if fnmatch.fnmatchcase(module, pattern)), None)
+        dim = 0 if style == "colwise" else 1 if style == "rowwise" and kind == "weight" else None
+        if dim is not None:
+            shape = tuple(n // tp if i == dim else n for i, n in enumerate(shape))
+        out.append((name, shape, trains))
+    return out
+
+
 def state_bytes(
     hf_config: Any,
     sizes: Dict[str, Any],
@@ -75,10 +96,12 @@ def state_bytes(
     dtype: Optional[Any] = None,
     lora: Optional[Any] = None,
 ) -> List[StateBytes]:
-    """verl.memory_model's backend entry: the state on data-parallel rank 0 (the largest), one stage. `dtype` does
-    not matter: the master weights are fp32 whatever the compute dtype."""
-    shapes = trained_shapes(hf_parameter_shapes(hf_config, kind, lora), trains)
-    return [fsdp_state_bytes(shapes, int(sizes.get("dp") or 1))]
+    """verl.memory_model's backend entry: the state on rank 0 (the largest), one stage: tensor-parallel pieces
+    (tp), then FSDP's rows over the dp x cp ranks. `dtype` does not matter: the master weights are fp32 whatever
+    the compute dtype."""
+    tp, cp, dp = (int(sizes.get(axis) or 1) for axis in ("tp", "cp", "dp"))
+    shapes = trained_shapes(tp_shapes(hf_parameter_shapes(hf_config, kind, lora), hf_config, tp), trains)
+    return [fsdp_state_bytes(shapes, dp * cp)]
 
 
 QK_NORM = ("qwen3", "qwen3_moe")  # model types with per-head query/key RMSNorm
@@ -90,27 +113,32 @@ def activation_bytes(
     """Bytes autograd keeps for backward at the peak of one micro-batch's training pass through the FSDP engine's
     Hugging Face decoder (sdpa attention), term by term what its modules save (tests/fsdp/test_fsdp_memory.py
     measures them): Llama, Qwen2, Qwen3, Mistral and mixtures of experts (Qwen3-MoE: transformers' grouped experts,
-    each routed token through its k experts). Each data-parallel rank runs its own micro-batches: `sizes` and
-    `stage` change nothing."""
+    each routed token through its k experts). Each data-parallel rank runs its own micro-batches; tensor parallel
+    (`sizes` tp) splits what attention and the MLP keep per head and column, sequence parallel (cp) the positions
+    each rank keeps, except the mask over the whole sequence and the gathered final hidden states. `stage` changes
+    nothing."""
     d, e, t = Dims.of(hf_config), settings.dtype_bytes, mb.tokens
+    tp, cp = int(sizes.get("tp") or 1), int(sizes.get("cp") or 1)
+    whole, t = t, -(-t // cp)  # the micro-batch's positions; this rank's
     h, q, kv = d.hidden, d.q, d.kv
     # RMSNorm computes in fp32: its fp32 input (or copy), 1/rms, the normalized input and the output, in dtype
     norm = (FP32 * h + FP32 + 2 * e * h) * t
     # sdpa keeps q, k, v, its output and the log-sum-exp per head; under a mask transformers repeats k and v to
     # every query head (no native GQA), and each layer keeps the mask it was given, converted to the dtype
-    attention = (e * (2 * q + 2 * (q if mb.masked else kv)) + FP32 * d.heads) * t
+    attention = (e * (2 * q + 2 * (q if mb.masked else kv)) + FP32 * d.heads) * t // tp
     attention += e * mb.rows * mb.seq**2 if mb.masked else 0
     if getattr(hf_config, "model_type", "") in QK_NORM:  # per-head RMSNorm on queries and keys, in fp32 too
-        attention += ((FP32 + e) * (q + kv) + FP32 * (d.heads + d.kv_heads)) * t
-    mlp = 4 * e * d.intermediate * t  # gate, its SiLU, up, and their product (the down projection's input)
+        attention += ((FP32 + e) * (q + kv) + FP32 * (d.heads + d.kv_heads)) * t // tp
+    mlp = 4 * e * d.intermediate * t // tp  # gate, its SiLU, up, and their product (the down projection's input)
     # a routed layer: the router's fp32 softmax, top-k indices and normalised weights, the sorted indices; per
     # routed token its input, gate|up [2i], SiLU, their product and the expert's output (weighted after)
     k = d.top_k
     moe = ((FP32 * d.experts + 40 * k + FP32) + k * e * (2 * h + 4 * d.expert_intermediate)) * t
     layers = [2 * norm + attention + (moe if r else mlp) for r in d.routed]
-    fixed = 8 * t + 2 * e * mb.rows * mb.seq * d.head_dim  # input ids; RoPE's cos and sin, shared by layers
+    fixed = 8 * t + 2 * e * mb.rows * mb.seq * d.head_dim // cp  # input ids; RoPE's cos and sin, shared by layers
     kept = mb.rows * mb.response  # positions whose log-probs are taken
     head = (FP32 * h + FP32 + e * h) * t + e * h * mb.rows * (mb.response + 1)  # final norm; the head input slice
+    head += e * h * whole if cp > 1 else 0  # every position's final hidden state, gathered from the cp ranks
     if not settings.fused_logits:  # log-probs over the vocabulary in fp32; the entropy's log-softmax and softmax
         head += FP32 * d.vocab * kept * (3 if settings.entropy else 1)
     head += (FP32 + 8) * kept  # log-sum-exp, labels

@@ -180,17 +180,59 @@ def _not_one(parallel: Dict[str, Any], axes: Sequence[str]) -> List[str]:
 
 
 def check_fsdp_layout(ctx: Context) -> List[ConfigProblem]:
-    """FSDP shards over data parallel ranks only."""
-    return [
-        error_at(
-            f"{role}.parallel.{axis}",
-            f"backend fsdp is data parallel only; {axis}={parallel[axis]} is not supported",
-            f"set {role}.backend=megatron for {axis} > 1, or {role}.parallel.{axis}=1",
-        )
-        for role, backend, parallel in _train_parallels(ctx)
-        if backend == "fsdp"
-        for axis in _not_one(parallel, ("tp", "pp", "cp"))  # ep: check_expert_parallel
-    ]
+    """FSDP splits a role by data parallelism, plus tensor parallelism (dense layers) or Ulysses sequence
+    parallelism (cp); it has no pipeline stages."""
+    problems: List[ConfigProblem] = []
+    experts = None
+    for role, backend, parallel in _train_parallels(ctx):
+        if backend != "fsdp":
+            continue
+        tp, cp = parallel.get("tp") or 1, parallel.get("cp") or 1
+        if (parallel.get("pp") or 1) != 1:
+            problems.append(
+                error_at(
+                    f"{role}.parallel.pp",
+                    f"backend fsdp has no pipeline stages; pp={parallel['pp']} is not supported",
+                    f"set {role}.backend=megatron for pp > 1, or {role}.parallel.pp=1",
+                )
+            )
+        if tp > 1 and cp > 1:
+            problems.append(
+                error_at(
+                    f"{role}.parallel.cp",
+                    f"backend fsdp splits a role by tensor or by sequence parallelism, not both (tp={tp}, cp={cp})",
+                    f"set {role}.parallel.tp=1 or {role}.parallel.cp=1, or {role}.backend=megatron",
+                )
+            )
+        if tp > 1 and lora_rank(ctx.cfg, role) >= 1:
+            problems.append(
+                error_at(
+                    f"{role}.parallel.tp",
+                    "LoRA on the fsdp engine is data parallel; its adapters are not split over tp ranks",
+                    f"set {role}.parallel.tp=1 (FSDP shards the frozen base over the ranks)",
+                )
+            )
+        if tp > 1:
+            experts = model_experts(ctx.cfg) if experts is None else experts
+            if experts:
+                problems.append(
+                    error_at(
+                        f"{role}.parallel.tp",
+                        f"fsdp tensor parallel splits dense layers; this model routes over {experts} experts",
+                        f"set {role}.backend=megatron (tp, ep, etp), or {role}.parallel.tp=1",
+                    )
+                )
+        if cp > 1:
+            attn = value(ctx.cfg, "model.attn_implementation")
+            if isinstance(attn, str) and attn not in ("sdpa", "eager"):
+                problems.append(
+                    error_at(
+                        f"{role}.parallel.cp",
+                        f"fsdp sequence parallel attends with a 4D mask over the whole sequence; {attn} takes none",
+                        "set model.attn_implementation=sdpa",
+                    )
+                )
+    return problems
 
 
 def check_attention(ctx: Context) -> List[ConfigProblem]:
