@@ -155,17 +155,6 @@ CASES = [
     ("negative_staleness", ["trainer.max_staleness=-1"], "trainer.max_staleness", ">= 0"),
     ("continue_without_the_service", ["rollout.on_replica_failure=continue"], "rollout.on_replica_failure", "async"),
     (
-        "async_with_a_tp2_rollout",
-        [
-            "trainer.mode=async",
-            "rollout.parallel.tp=2",
-            "placement.devices_per_node=3",
-            "placement.pools=[{{name: train, roles: [actor], devices: 1}}, {{name: gen, roles: [rollout]}}]",
-        ],
-        "rollout.parallel.tp",
-        "tp=1 replicas",
-    ),
-    (
         "async_with_remax",
         [
             "trainer.mode=async",

@@ -59,3 +59,31 @@ def test_async_mode_serves_requests_from_vllms_own_scheduler(ray_three_cpus, tmp
     # the first batch was sampled by the weights the trainer starts from: vLLM's log-probs are the trainer's
     assert rows[0]["async/staleness_max"] == 0 and rows[0]["rollout/logprob_diff_max"] < 1e-4
     assert all(row["perf/rollout_tokens_per_s"] > 0 for row in rows)
+
+
+def test_async_mode_serves_from_a_tp2_replica(ray_three_cpus, tmp_path):
+    """trainer.mode=async with one vLLM engine over two ranks: the replica's first rank runs the service and sends
+    each of its engine calls to the second (verl.workers.replica_mirror), so both step vLLM's scheduler in lockstep;
+    weight syncs land between the same two steps on both ranks, and the weight check reads both shards."""
+    cfg = tiny_config(
+        "grpo_tiny_vllm",
+        str(tmp_path),
+        "placement.devices_per_node=3",
+        "placement.pools=[{name: train, roles: [actor], devices: 1}, {name: gen, roles: [rollout], devices: 2}]",
+        "rollout.parallel.tp=2",
+        "trainer.mode=async",
+        "trainer.max_staleness=1",
+        "actor.tis_imp_ratio_cap=2.0",
+        "rollout.n=4",
+        ODD_LENGTH_REWARD,
+        steps=3,
+    )
+    summary, rows = fit(cfg)
+    assert summary["steps"] == 3
+    assert all(row["rollout/replicas"] == 1 for row in rows)  # one engine over the pool's two ranks
+    assert all(row["async/staleness_max"] <= 1 for row in rows)
+    assert all(row["rollout/weight_version"] >= row["step"] - 1 for row in rows)
+    # the first batch was sampled by the weights the trainer starts from, by both shards of the engine
+    assert rows[0]["async/staleness_max"] == 0 and rows[0]["rollout/logprob_diff_max"] < 1e-4
+    assert all(row["weight_sync/checked_params"] > 0 for row in rows)
+    assert all(row["perf/rollout_tokens_per_s"] > 0 for row in rows)

@@ -99,15 +99,6 @@ def check_hybrid_engine(ctx: Context) -> List[ConfigProblem]:
 def _async_problems(ctx: Context) -> List[ConfigProblem]:
     """What the rollout service does not serve yet."""
     cfg, problems = ctx.cfg, []
-    tp = value(cfg, "rollout.parallel.tp") or 1
-    if tp > 1:
-        problems.append(
-            error_at(
-                "rollout.parallel.tp",
-                f"trainer.mode=async serves requests on tp=1 replicas; got tp={tp}",
-                "set rollout.parallel.tp=1 (each rollout rank a replica), or trainer.mode=one_step_off",
-            )
-        )
     if value(cfg, "algorithm.filter_groups.enable"):
         problems.append(
             error_at(

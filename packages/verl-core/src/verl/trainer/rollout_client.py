@@ -1,4 +1,5 @@
-"""RolloutClient: the driver's side of the rollout service, with one replica per rank of the rollout's pool.
+"""RolloutClient: the driver's side of the rollout service, with one replica per engine of the rollout's pool (a rank,
+or a tp group of ranks served by its first).
 
     client = RolloutClient(workers.rollout, chunk=32, max_batch=256)
     client.submit([{"id": "7:0", "prompt": [5, 9, 12], "temperature": 1.0}, ...], groups=[...])
@@ -53,10 +54,11 @@ class ReplicaFailed(RuntimeError):
 class RolloutClient:
     def __init__(self, group: Any, *, chunk: int, max_batch: int, pool: str = "rollout", on_failure: str = "stop"):
         self.group, self.pool, self.on_failure = group, pool, on_failure
-        self.replicas = list(range(group.world_size))  # the live ones
+        # a replica per tp group of the pool, served by its first rank (the others follow it); the live ones
+        serves = group.call(RolloutWorker.start_service, chunk, max_batch)
+        self.replicas = [rank for rank, serving in enumerate(serves) if serving]
         self.dead: List[int] = []
         self.lost: List[str] = []  # ids of requests that were in flight on a replica that failed
-        group.call(RolloutWorker.start_service, chunk, max_batch)
         self.in_flight: Dict[int, int] = {r: 0 for r in self.replicas}
         self.where: Dict[str, int] = {}  # request id -> replica
         self.counters: Dict[str, float] = defaultdict(float)  # turns, tokens, busy_s, interrupted (summed)

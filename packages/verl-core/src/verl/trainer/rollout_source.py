@@ -290,8 +290,10 @@ class ServiceRollouts(_Source):
         )
 
     def _drop_failed_replicas(self) -> None:
-        """rollout.on_replica_failure=continue: the weights go to the replicas still alive."""
-        alive = [r for r in self.workers.rollout_ranks if r not in self.client.dead]
+        """rollout.on_replica_failure=continue: the weights go to the replicas still alive (every rank of one: a
+        replica spans its tp ranks, named by the first)."""
+        tp = self.workers.rollout_tp
+        alive = [r for r in self.workers.rollout_ranks if r - r % tp not in self.client.dead]
         if alive != self.workers.rollout_ranks:
             self.workers.join_weight_transfer(alive)
 

@@ -30,6 +30,7 @@ from verl.protocol import DataProto
 from verl.utils.memory import PhasePeaks
 from verl.utils.rng import get_rng_state, safe_load, set_rng_state
 from verl.workers.build_engines import rollout_engine
+from verl.workers.replica_mirror import Follower, MirroredEngine, replica_groups
 from verl.workers.rollout_server import Request, RolloutServer
 from verl.workers.setup import setup_worker
 from verl.workers.weight_check import Report, watch_sync
@@ -46,6 +47,7 @@ class RolloutWorker(Worker):
         self.senders = 1  # the actor ranks that send over it
         self.version = 0  # the policy version of the weights held: the actor's updates before them
         self.server: Optional[RolloutServer] = None  # the rollout service's replica on this rank, once started
+        self.follower: Optional[Follower] = None  # instead, on a replica's other tp ranks
         self.weight_report: Optional[Report] = None  # the last checked sync's, until the driver takes it
 
     @register(Dispatch.ONE_TO_ALL)
@@ -99,7 +101,10 @@ class RolloutWorker(Worker):
         with self.peaks("weight_sync"):
             received = receive_weights(self.transfer, self.device, stats, senders=self.senders)
             with watch_sync(self.engine, received, version, check, lock=self._engine()) as watched:
-                if self.server is not None:
+                if self.follower is not None:  # loaded when the replica's leader loads its own (replica_mirror)
+                    number = self.follower.stage((name, tensor.to("cpu")) for name, tensor in watched.weights)
+                    self.follower.wait_loaded(number)
+                elif self.server is not None:
                     # Received into host memory while the service keeps generating (one copy of the weights), then
                     # swapped in between two of its turns; requests midway continue with them.
                     staged = [(name, tensor.to("cpu")) for name, tensor in watched.weights]
@@ -124,27 +129,39 @@ class RolloutWorker(Worker):
 
     def _engine(self):
         """Exclusive use of the engine: a running service's turns pause while a batch call uses it."""
+        if self.follower is not None:
+            return self.follower.engine_lock
         return self.server.engine_lock if self.server is not None else contextlib.nullcontext()
 
-    # ---- the rollout service (one replica per rank; the trainer's RolloutClient calls each rank) -------------
+    # ---- the rollout service (one replica per tp group; the trainer's RolloutClient calls each leader) -------
     @register(Dispatch.ONE_TO_ALL)
-    def start_service(self, chunk: int, max_batch: int) -> None:
-        """Serve requests on this rank: an engine thread taking `chunk` tokens per request per turn."""
-        if self.plan.layout("rollout").tp > 1:
-            raise RuntimeError(
-                "the rollout service serves tp=1 replicas (validate refuses trainer.mode=async with tp>1)"
-            )
-        if self.server is None:
-            eos_ids, pad_id = eos_and_pad(self.tokenizer)
-            self.server = RolloutServer(
-                self.engine,
-                eos_ids=eos_ids,
-                pad_id=pad_id,
-                max_new_tokens=self.plan.response_length,
-                chunk=chunk,
-                max_batch=max_batch,
-                version=self.version,
-            )
+    def start_service(self, chunk: int, max_batch: int) -> bool:
+        """Serve requests: an engine thread taking `chunk` tokens per request per turn. A replica spans its tp
+        ranks: the first serves (True), the others make its engine calls (verl.workers.replica_mirror)."""
+        if self.server is not None or self.follower is not None:
+            return self.server is not None
+        layout = self.plan.layout("rollout")
+        coords = layout.coords(self.rank)
+        engine: Any = self.engine
+        if layout.tp > 1:
+            members = [[layout.rank(tp=t, dp=d) for t in range(layout.tp)] for d in range(layout.dp)]
+            group = replica_groups(members)[coords.dp]
+            leader = members[coords.dp][0]
+            if coords.tp > 0:
+                self.follower = Follower(self.engine, group, leader)
+                return False
+            engine = MirroredEngine(self.engine, group, leader)
+        eos_ids, pad_id = eos_and_pad(self.tokenizer)
+        self.server = RolloutServer(
+            engine,
+            eos_ids=eos_ids,
+            pad_id=pad_id,
+            max_new_tokens=self.plan.response_length,
+            chunk=chunk,
+            max_batch=max_batch,
+            version=self.version,
+        )
+        return True
 
     @register(Dispatch.ONE_TO_ALL)
     def service_submit(self, requests: list) -> int:
