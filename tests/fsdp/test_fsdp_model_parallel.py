@@ -30,7 +30,7 @@ def _loss(out, mb):
     return value, {"loss": value.detach()}
 
 
-def _member(rank: int, port: int, world: int, path: str, parallel: dict, packed: bool, out) -> None:
+def _member(rank: int, port: int, world: int, path: str, parallel: dict, packed: bool, out, device: str) -> None:
     import torch.distributed as dist
 
     from verl.config.schema import OptimConfig, ParallelConfig
@@ -39,10 +39,13 @@ def _member(rank: int, port: int, world: int, path: str, parallel: dict, packed:
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world)
     # eps=1: Adam's first update ~ lr * g, so the weights compare gradients (no sign flips of rounding-level ones)
     optim = OptimConfig(lr=1e-2, eps=1.0, weight_decay=0.0)
     common = dict(model_path=path, total_steps=10, shared_prefix=packed, parallel=ParallelConfig(**parallel))
+    common.update(device=device, dtype="float32")
     engine = FSDPEngine(EngineConfig(optim=optim, **common))
     critic = FSDPEngine(EngineConfig(kind="value", **common))
     batch = grouped_batch(prompts=3, n=4, vocab=VOCAB)
@@ -67,11 +70,13 @@ def _member(rank: int, port: int, world: int, path: str, parallel: dict, packed:
     dist.destroy_process_group()
 
 
-def _run(world: int, path: str, parallel: dict, packed: bool) -> dict:
+def run_ranks(world: int, path: str, parallel: dict, packed: bool, device: str = "cpu") -> dict:
+    """Each rank's outputs, step and state ({rank: dict}) of an actor and a critic over `world` ranks."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_member, args=(r, port, world, path, parallel, packed, out)) for r in range(world)]
+    args = (port, world, path, parallel, packed, out, device)
+    procs = [ctx.Process(target=_member, args=(r, *args)) for r in range(world)]
     for p in procs:
         p.start()
     results = {}
@@ -104,7 +109,7 @@ _REFERENCE: dict = {}
 
 def _reference(path: str, packed: bool) -> dict:
     if (path, packed) not in _REFERENCE:
-        _REFERENCE[path, packed] = _run(1, path, {}, packed)[0]
+        _REFERENCE[path, packed] = run_ranks(1, path, {}, packed)[0]
     return _REFERENCE[path, packed]
 
 
@@ -117,7 +122,7 @@ def _reference(path: str, packed: bool) -> dict:
 def test_two_ranks_equal_one(request, model, parallel, packed):
     path = request.getfixturevalue(model)
     want = _reference(path, packed)
-    got = _run(2, path, parallel, packed)
+    got = run_ranks(2, path, parallel, packed)
     assert [got[r]["info"] for r in (0, 1)] == [(0, 1, True), (0, 1, False)]  # one data-parallel replica
     assert got[0]["in_place"] == ("tp" not in parallel)  # a tp module cannot generate rank by rank
     for rank in (0, 1):  # every rank computes the whole rows (the driver reads rank 0's)

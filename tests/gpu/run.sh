@@ -62,9 +62,9 @@ MIN_SECTION_S=10
 
 # The tests, in the order they run: id|budget variable|what|pytest arguments (paths from the repository root).
 TESTS=(
-  "weight_transfer|B_WEIGHT_TRANSFER|NCCL weight transfer between pools, bitwise, GB/s (3 GPUs; skips on fewer)|tests/gpu/test_weight_transfer_gpu.py"
+  "weight_transfer|B_WEIGHT_TRANSFER|NCCL weight transfer between pools, bitwise, GB/s; async mode on a vLLM TP=2 replica (3 GPUs; skip on fewer)|tests/gpu/test_weight_transfer_gpu.py tests/gpu/test_async_tp_gpu.py"
   "rollout|B_ROLLOUT|rollout contract on vLLM and SGLang: log-probs against the FSDP actor, weight sync, sleep/wake, LoRA adapters|tests/gpu/test_rollout_gpu.py"
-  "fsdp|B_FSDP|FSDP padding-free rows through flash-attention's varlen kernels (needs flash-attn)|tests/gpu/test_fsdp_gpu.py"
+  "fsdp|B_FSDP|FSDP padding-free rows through flash-attention's varlen kernels (needs flash-attn); tp=2 and cp=2 against one GPU (2 GPUs)|tests/gpu/test_fsdp_gpu.py tests/gpu/test_fsdp_parallel_gpu.py"
   "megatron|B_MEGATRON|megatron parity: log-probs against HF, HF <-> mcore exact, bf16 steps, THD rows with TransformerEngine; TP/PP/CP with 2 GPUs|tests/gpu/test_megatron_gpu.py --deselect tests/gpu/test_megatron_gpu.py::test_grpo_tiny_megatron_steps_on_one_gpu"
   "offload|B_OFFLOAD|offload between phases: device memory given back, the same steps (FSDP, megatron)|tests/gpu/test_offload_gpu.py"
   "memory|B_MEMORY|memory plan: each phase's estimated peak against torch.cuda.max_memory_allocated (FSDP, bf16)|tests/gpu/test_memory_gpu.py"
