@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.fsdp.test_fsdp_model_parallel import VOCAB, run_ranks
+from tests.support.fsdp_ranks import VOCAB, run_ranks
 from tests.support.megatron_workers import random_model_dir
 
 pytestmark = pytest.mark.skipif(

@@ -7,6 +7,7 @@
 - run_configs: the tiny recipes shrunk to seconds for trainer tests, and a reward with spread.
 - megatron_workers: random HF models, the parity batch and HF reference log-probs, and a bare Ray worker
   around megatron engines.
+- fsdp_ranks: FSDP engines over several spawned processes (tp, cp, dp), each rank's outputs and step by value.
 
 The rollout engine contract stays with the rollout tests (tests/rollout/engine_contract.py).
 """

@@ -49,10 +49,6 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
 def _local_bytes(tensors: Iterable[Optional[torch.Tensor]]) -> int:
     """Bytes of this rank's part of each tensor (a DTensor's local shard)."""
     local = [t.to_local() if isinstance(t, DTensor) else t for t in tensors if t is not None]
@@ -93,7 +89,7 @@ class FSDPEngine:
                 raise ValueError("LoRA on the fsdp engine is data parallel: set the role's parallel.tp=1")
             model = apply_lora(model, cfg.lora, cfg.kind)
         # replicated parameters whose gradients only this rank's heads make (summed over tp after backward)
-        self._tp_partial = apply_tp(model, self.tp_mesh) if self.tp > 1 else []
+        partial = apply_tp(model, self.tp_mesh) if self.tp > 1 else []
         if self.cp > 1:
             sequence_parallel.check_shapes(model.config, self.cp, cfg.attn_implementation)
         # FSDP earns its hooks by sharding or mixed precision; with neither it only adds overhead.
@@ -103,6 +99,7 @@ class FSDPEngine:
         if cfg.device != "cpu":
             model.to(self.device)
         self.model = model
+        self._tp_partial = [p for name, p in model.named_parameters() if name in set(partial)]
         self.optimizer = None
         self.state = parts.TrainState()
         self._tokens = [0, 0, 0]  # this step's tokens: real, in the padded layout, computed (packing's count)
@@ -149,12 +146,12 @@ class FSDPEngine:
             ids, pos = (pack.input_ids, pack.position_ids) if pack is not None else (b["input_ids"], b["position_ids"])
             allowed = pack.allowed if pack is not None else sequence_parallel.padded_rows_allowed(b["attention_mask"])
             assert allowed is not None  # (a padding-free pack takes no mask: refused with cp at construction)
-            kwargs, shards = sequence_parallel.shard(
+            inputs, shards = sequence_parallel.shard(
                 ids.to(self.device), pos.to(self.device), allowed.to(self.device), self.cp_group, impl, self.dtype
             )
             with shards.attending(self.model):
                 return self._outputs(
-                    {**kwargs, "use_cache": False}, pack, labels, r, temperature, entropy, entropy_grad, shards
+                    {**inputs, "use_cache": False}, pack, labels, r, temperature, entropy, entropy_grad, shards
                 )
         if pack is not None:
             kwargs = dict(
@@ -290,7 +287,8 @@ class FSDPEngine:
             acc(self._forward(mb, **forward), mb).backward()
         for p in self._tp_partial:
             if p.grad is not None:
-                dist.all_reduce(_local(p.grad), group=self.tp_mesh.get_group())
+                grad = p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad  # (in place: not a view)
+                dist.all_reduce(grad, group=self.tp_mesh.get_group())
         with self.optim_away.back():
             step = parts.optimizer_step(
                 self.state,

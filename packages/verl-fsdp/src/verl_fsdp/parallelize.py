@@ -45,7 +45,8 @@ def mixed_precision(device: str, dtype: torch.dtype) -> MixedPrecisionPolicy:
 def tp_plan(model: torch.nn.Module) -> Dict[str, str]:
     """The model's declared tensor-parallel plan ({module pattern under the base model: style}), refused by name
     where it holds a style this engine does not apply (a mixture of experts' experts)."""
-    plan = dict(getattr(model.config, "base_model_tp_plan", None) or {})
+    config: Any = model.config
+    plan = dict(getattr(config, "base_model_tp_plan", None) or {})
     if not plan:
         raise ValueError(
             f"{type(model).__name__} declares no tensor-parallel plan (config.base_model_tp_plan): the fsdp engine "
@@ -62,7 +63,7 @@ def tp_plan(model: torch.nn.Module) -> Dict[str, str]:
 
 def check_tp_shapes(model: torch.nn.Module, tp: int) -> None:
     """Heads and MLP width must split evenly over `tp` ranks; say which does not."""
-    c = model.config
+    c: Any = model.config
     sizes = {
         "num_attention_heads": c.num_attention_heads,
         "num_key_value_heads": getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
@@ -73,14 +74,17 @@ def check_tp_shapes(model: torch.nn.Module, tp: int) -> None:
         raise ValueError(f"parallel.tp={tp} must divide the model's {bad}: choose a tp that divides them")
 
 
-def apply_tp(model: torch.nn.Module, mesh: DeviceMesh) -> List[torch.nn.Parameter]:
+def apply_tp(model: torch.nn.Module, mesh: DeviceMesh) -> List[str]:
     """Split each decoder layer's projections over `mesh` (1-D, the tp ranks) by the model's plan, in place;
-    returns the replicated parameters whose gradients must be summed over the tp ranks."""
+    returns the names of the replicated parameters whose gradients must be summed over the tp ranks (names: FSDP
+    replaces the parameter objects when it shards them)."""
     plan = tp_plan(model)
     check_tp_shapes(model, mesh.size())
-    base = model.get_decoder() if hasattr(model, "get_decoder") else model
+    get_decoder = getattr(model, "get_decoder", None)  # the base model the plan's names start from
+    base = get_decoder() if callable(get_decoder) else model
     names = {m: n for n, m in base.named_modules()}
-    partial: List[torch.nn.Parameter] = []
+    module_names = {m: n for n, m in model.named_modules()}
+    partial: List[str] = []
     for layer in decoder_layers(model):
         prefix = names[layer] + "."
         styles: Dict[str, ParallelStyle] = {}
@@ -89,7 +93,7 @@ def apply_tp(model: torch.nn.Module, mesh: DeviceMesh) -> List[torch.nn.Paramete
             if style in TP_STYLES:
                 styles[sub] = TP_STYLES[style]()
             elif style == GRAD_ALLREDUCE:
-                partial.extend(module.parameters())
+                partial.extend(f"{module_names[module]}.{n}" for n, _ in module.named_parameters())
         parallelize_module(layer, mesh, styles)
     return partial
 

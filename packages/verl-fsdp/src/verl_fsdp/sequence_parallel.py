@@ -133,7 +133,7 @@ class SequenceShards:
     @contextlib.contextmanager
     def attending(self, model: torch.nn.Module) -> Iterator[None]:
         """Run `model`'s attention through the all-to-alls while entered."""
-        config = model.config
+        config: Any = model.config
         inner = config._attn_implementation
         _ACTIVE.update(group=self.group, cp=self.cp, inner=inner)
         config._attn_implementation = ATTENTION
