@@ -114,7 +114,8 @@ def _estimate(model: str, parallel: dict, args) -> int:
     from verl.memory_model import MicroBatch, PassSettings
     from verl_fsdp.memory_model import activation_bytes
 
-    mb = MicroBatch(rows=args.rows, seq=args.seq, response=args.seq // 2, masked=True)
+    # rows without padding: transformers' sdpa runs them causal without a mask; under cp the engine's 4D mask is kept
+    mb = MicroBatch(rows=args.rows, seq=args.seq, response=args.seq // 2, masked="cp" in parallel)
     settings = PassSettings(dtype_bytes=4, entropy=False, fused_logits=False, recompute=False)
     return activation_bytes(AutoConfig.from_pretrained(model), {"dp": 1, **parallel}, mb, settings)
 
