@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.support.fixtures import embedded_cache  # noqa: F401
 from tests.support.run_configs import ODD_LENGTH_REWARD, fit, tiny_config
 
 pytestmark = pytest.mark.skipif(
@@ -16,9 +17,6 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(autouse=True)
 def _cache(embedded_cache, monkeypatch):  # noqa: F811
     monkeypatch.setenv("VERL_CACHE", embedded_cache)
-
-
-from tests.support.fixtures import embedded_cache  # noqa: E402, F401
 
 
 def test_async_mode_serves_from_a_vllm_tp2_replica_on_gpus(tmp_path):

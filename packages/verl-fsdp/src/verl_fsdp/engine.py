@@ -89,7 +89,7 @@ class FSDPEngine:
                 raise ValueError("LoRA on the fsdp engine is data parallel: set the role's parallel.tp=1")
             model = apply_lora(model, cfg.lora, cfg.kind)
         # replicated parameters whose gradients only this rank's heads make (summed over tp after backward)
-        partial = apply_tp(model, self.tp_mesh) if self.tp > 1 else []
+        partial = set(apply_tp(model, self.tp_mesh)) if self.tp > 1 else set()
         if self.cp > 1:
             sequence_parallel.check_shapes(model.config, self.cp, cfg.attn_implementation)
         # FSDP earns its hooks by sharding or mixed precision; with neither it only adds overhead.
@@ -99,7 +99,7 @@ class FSDPEngine:
         if cfg.device != "cpu":
             model.to(self.device)
         self.model = model
-        self._tp_partial = [p for name, p in model.named_parameters() if name in set(partial)]
+        self._tp_partial = [p for name, p in model.named_parameters() if name in partial]  # (FSDP's, after sharding)
         self.optimizer = None
         self.state = parts.TrainState()
         self._tokens = [0, 0, 0]  # this step's tokens: real, in the padded layout, computed (packing's count)
@@ -287,7 +287,7 @@ class FSDPEngine:
             acc(self._forward(mb, **forward), mb).backward()
         for p in self._tp_partial:
             if p.grad is not None:
-                grad = p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad  # (in place: not a view)
+                grad = p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad  # its storage, reduced in place
                 dist.all_reduce(grad, group=self.tp_mesh.get_group())
         with self.optim_away.back():
             step = parts.optimizer_step(

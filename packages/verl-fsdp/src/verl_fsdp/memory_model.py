@@ -11,7 +11,6 @@ parameter and a 4-byte step counter per trained tensor. `FSDPEngine.held_bytes()
 from __future__ import annotations
 
 import copy
-import fnmatch
 import math
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -74,12 +73,14 @@ def tp_shapes(
     colwise projection keeps 1/tp of its rows (and bias), a rowwise one 1/tp of its columns (its bias whole)."""
     if tp == 1:
         return list(shapes)
+    from verl_fsdp.parallelize import tp_style
+
     plan = getattr(hf_config, "base_model_tp_plan", None) or {}
     out = []
     for name, shape, trains in shapes:
         module, _, kind = name.rpartition(".")
         module = module.split(".", 1)[1] if module.startswith("model.") else module  # under the base model
-        style = next((st for pattern, st in plan.items() if fnmatch.fnmatchcase(module, pattern)), None)
+        style = tp_style(plan, module)
         dim = 0 if style == "colwise" else 1 if style == "rowwise" and kind == "weight" else None
         if dim is not None:
             shape = tuple(n // tp if i == dim else n for i, n in enumerate(shape))

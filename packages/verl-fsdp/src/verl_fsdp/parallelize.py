@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import fnmatch
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
@@ -61,6 +61,11 @@ def tp_plan(model: torch.nn.Module) -> Dict[str, str]:
     return plan
 
 
+def tp_style(plan: Dict[str, str], module: str) -> Optional[str]:
+    """The plan's style for `module` (its name under the base model), or None."""
+    return next((style for pattern, style in plan.items() if fnmatch.fnmatchcase(module, pattern)), None)
+
+
 def check_tp_shapes(model: torch.nn.Module, tp: int) -> None:
     """Heads and MLP width must split evenly over `tp` ranks; say which does not."""
     c: Any = model.config
@@ -89,7 +94,7 @@ def apply_tp(model: torch.nn.Module, mesh: DeviceMesh) -> List[str]:
         prefix = names[layer] + "."
         styles: Dict[str, ParallelStyle] = {}
         for sub, module in layer.named_modules():
-            style = next((s for pattern, s in plan.items() if fnmatch.fnmatchcase(prefix + sub, pattern)), None)
+            style = tp_style(plan, prefix + sub)
             if style in TP_STYLES:
                 styles[sub] = TP_STYLES[style]()
             elif style == GRAD_ALLREDUCE:

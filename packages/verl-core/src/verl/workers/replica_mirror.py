@@ -29,6 +29,7 @@ def replica_groups(ranks_per_replica: List[List[int]]) -> List[Any]:
 
 
 def _send(call: Optional[Tuple[str, tuple, dict]], group: Any, leader: int) -> Any:
+    """The leader's `call` on every rank of the replica (the others pass None and get it)."""
     box = [call]
     dist.broadcast_object_list(box, src=leader, group=group)
     return box[0]
@@ -53,9 +54,6 @@ class MirroredEngine:
             return attr(*args, **kwargs)
 
         return mirrored
-
-    def close(self) -> None:
-        _send(None, self.group, self.leader)
 
 
 class Follower:
@@ -92,10 +90,8 @@ class Follower:
     def _loop(self) -> None:
         try:
             while True:
-                call = _send(None, self.group, self.leader)
-                if call is None:
-                    return
-                name, args, kwargs = call
+                # (the replica lives as long as its processes: there is no last call to wait for)
+                name, args, kwargs = _send(None, self.group, self.leader)
                 with self.engine_lock:
                     if name == "update_weights":
                         self.engine.update_weights(iter(self.staged.get()))
