@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -32,6 +31,7 @@ SOURCES = [str(ROOT / "packages" / p / "src") for p in ("verl-core", "verl-kerne
 sys.path[:0] = SOURCES
 
 from machine import cpu_name  # noqa: E402
+from megatron_parallel_memory import _free_port, _nll  # noqa: E402  (the same loss and port picking)
 
 from verl.utils.saved_activations import SavedActivations  # noqa: E402
 
@@ -70,11 +70,6 @@ def _batch(rows: int, seq: int, vocab: int):
             "response_mask": torch.ones(rows, response, dtype=torch.long),
         }
     )
-
-
-def _nll(out, mb):
-    mask = mb.batch["response_mask"]
-    return -(out["log_probs"] * mask).sum() / mask.sum(), {}
 
 
 def _rank(rank: int, world: int, port: int, parallel: dict, model: str, args, results) -> None:
@@ -118,12 +113,6 @@ def _estimate(model: str, parallel: dict, args) -> int:
     mb = MicroBatch(rows=args.rows, seq=args.seq, response=args.seq // 2, masked="cp" in parallel)
     settings = PassSettings(dtype_bytes=4, entropy=False, fused_logits=False, recompute=False)
     return activation_bytes(AutoConfig.from_pretrained(model), {"dp": 1, **parallel}, mb, settings)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:
