@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 
 import pytest
 import ray
@@ -244,6 +245,46 @@ def test_pp2_cp2_log_probs_and_critic_values_match_hf(workers, models, tmp_path)
         valid = b["response_mask"].bool()
         for v in values:
             torch.testing.assert_close(v["values"][valid], want[valid], rtol=0, atol=1e-5)
+
+
+def _receive(port: int, member: int, world: int, senders: int, out: dict) -> None:
+    """One rollout rank's side of a sync: every tensor, whole (a TP=2 rollout's ranks take the same bytes)."""
+    from verl.workers.weight_transfer import TransferStats, join_transfer_group, receive_weights
+
+    group = join_transfer_group("127.0.0.1", port, member, world, "gloo", timeout_s=300)
+    stats = TransferStats()
+    got = {n: t.clone() for n, t in receive_weights(group, torch.device("cpu"), stats, senders=senders)}
+    out[member] = (got, stats.bytes)
+
+
+def test_tp2_pp2_vpp2_ranks_each_send_their_own_pieces(workers, models):
+    """Every actor rank sends its tensor-parallel piece of its stage's tensors (nothing gathered); two receivers
+    (a TP=2 rollout replica's ranks) rebuild every tensor bitwise, and the busiest sender sends about a quarter."""
+    from verl.controller.worker import free_port
+
+    with workers({"tp": 2, "pp": 2, "vpp": 2}) as group:
+        for name, path in models.items():
+            group.call("load", name, path)
+            want = group.call("hf_weights", name)[0]  # the gathered stream (bitwise the HF folder: the next test)
+            port, world, out = free_port(), 4 + 2, {}
+            sent = group.submit("send_shards", name, port=port, host="127.0.0.1", world=world, bucket_bytes=4096)
+            threads = [threading.Thread(target=_receive, args=(port, m, world, 4, out)) for m in (4, 5)]
+            for t in threads:
+                t.start()
+            sent_bytes = sent.result()
+            for t in threads:
+                t.join(timeout=120)
+            total = sum(t.numel() * t.element_size() for t in want.values())
+            assert sum(sent_bytes) == total, (name, sent_bytes)
+            # embeddings and norms sit on one stage (and norms on tp rank 0 alone): a quarter each, give or take
+            assert max(sent_bytes) < 0.4 * total, (name, sent_bytes)
+            assert [s["received_bytes"] for s in group.call("sync_stats", name)] == [0] * 4
+            for member in (4, 5):
+                got, nbytes = out[member]
+                assert nbytes == total and list(got) == list(want), name
+                for key, tensor in want.items():
+                    assert got[key].dtype == tensor.dtype and torch.equal(got[key], tensor), (name, member, key)
+            print(f"{name} tp2 pp2 vpp2: each rank sent {[round(b / total, 3) for b in sent_bytes]} of the model")
 
 
 def test_round_trip_and_parity_tp2_pp2_vpp2(workers, models, tmp_path):

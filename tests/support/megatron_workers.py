@@ -292,6 +292,22 @@ class EngineWorker(Worker):
         return self.engines[name].held_bytes()
 
     @register(Dispatch.ONE_TO_ALL)
+    def send_shards(self, name: str, host: str, port: int, world: int, bucket_bytes: int) -> Optional[int]:
+        """Join a transfer group of `world` members as member `rank` and send this rank's piece of every tensor
+        (`weight_shards`); the bytes this rank sent. None (joining nothing) where the engine cannot send pieces."""
+        from verl.workers.weight_transfer import join_transfer_group, send_weight_shards
+
+        shards = self.engines[name].weight_shards()
+        if shards is None:
+            return None
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        group = join_transfer_group(host, port, self.rank, world, backend, timeout_s=300)
+        stats = send_weight_shards(
+            group, shards, senders=self.world_size, version=1, device=self.device, bucket_bytes=bucket_bytes
+        )
+        return stats.bytes
+
+    @register(Dispatch.ONE_TO_ALL)
     def sync_stats(self, name: str) -> Dict[str, int]:
         stats = self.engines[name].last_sync
         return {"received_bytes": stats.received_bytes, "tensors": stats.tensors}

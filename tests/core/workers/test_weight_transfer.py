@@ -1,6 +1,6 @@
 """Weight transfer between pools: one sender and two receivers in a transfer group of their own (gloo, three
-processes), as the actor's rank 0 and a rollout pool of two ranks; and two senders each sending its dim-0 rows (an
-FSDP actor of two ranks). Every tensor arrives bitwise, whatever its dtype and shape, across bucket boundaries and
+processes), as the actor's rank 0 and a rollout pool of two ranks; and two senders each sending its block of every
+tensor (an FSDP actor's dim-0 rows; megatron's column blocks of a row-parallel projection). Every tensor arrives bitwise, whatever its dtype and shape, across bucket boundaries and
 with tensors larger than a bucket."""
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ import pytest
 import torch
 
 from verl.controller.worker import free_port
+from verl.engine_protocol import Shard
 from verl.workers.weight_transfer import (
     TransferStats,
+    block_bytes,
     join_transfer_group,
     receive_weights,
     row_block_bytes,
@@ -99,11 +101,24 @@ def _rows(t: torch.Tensor, rank: int, senders: int) -> torch.Tensor:
     return chunks[rank] if rank < len(chunks) else t.new_empty((0, *t.shape[1:]))
 
 
+def _columns() -> list[tuple[str, torch.Tensor, list[int]]]:
+    """Tensors the senders hold as column blocks (megatron's row-parallel projections), with each sender's columns;
+    one held by the first sender alone (a norm on tp rank 0)."""
+    g = torch.Generator().manual_seed(1)
+    return [
+        ("o_proj.weight", torch.randn(6, 10, generator=g), [7, 3]),
+        ("down.weight", torch.randn(2, 3, 4, generator=g).to(torch.bfloat16), [3, 0]),
+    ]
+
+
 def _sharded_member(rank: int, port: int, senders: int, world: int, out: "mp.Queue") -> None:
     group = join_transfer_group("127.0.0.1", port, rank, world, "gloo", timeout_s=60)
     weights = _weights() + [("short", torch.randn(1, 5))]  # one row: the second sender holds none of it
     if rank < senders:
-        shards = ((name, _rows(t, rank, senders), tuple(t.shape)) for name, t in weights)
+        shards: list = [(name, _rows(t, rank, senders), tuple(t.shape)) for name, t in weights]
+        for name, t, sizes in _columns():  # joined along dim 1
+            start = sum(sizes[:rank])
+            shards.append(Shard(name, t.narrow(1, start, sizes[rank]), tuple(t.shape), 1, sizes))
         stats = send_weight_shards(
             group, shards, senders=senders, version=2, device=torch.device("cpu"), bucket_bytes=1024
         )
@@ -116,10 +131,10 @@ def _sharded_member(rank: int, port: int, senders: int, world: int, out: "mp.Que
     out.put((rank, stats.bytes, buffer.getvalue()))
 
 
-def test_each_sender_sends_its_rows_and_receivers_get_whole_tensors(senders=2, world=4):
+def test_each_sender_sends_its_blocks_and_receivers_get_whole_tensors(senders=2, world=4):
     results = _run(_sharded_member, world, senders, world)
     torch.manual_seed(0)
-    want = dict(_weights() + [("short", torch.zeros(1, 5))])
+    want = dict(_weights() + [("short", torch.zeros(1, 5))] + [(n, t) for n, t, _ in _columns()])
     total = sum(t.numel() * t.element_size() for t in want.values())
     sent = [results[r][0] for r in range(senders)]
     assert sum(sent) == total and max(sent) < 0.6 * total  # each sender about half
@@ -131,6 +146,12 @@ def test_each_sender_sends_its_rows_and_receivers_get_whole_tensors(senders=2, w
             assert got[name].dtype == tensor.dtype and got[name].shape == tensor.shape, name
             if name != "short":  # (random in each sender process)
                 assert torch.equal(got[name], tensor), name
+
+
+def test_senders_blocks_must_make_up_the_tensor():
+    assert block_bytes(Shard("o_proj.weight", torch.zeros(6, 7), (6, 10), 1, [7, 3]), 2) == [168, 72]
+    with pytest.raises(RuntimeError, match=r"o_proj.weight: the senders' blocks \[7, 4\] along dim 1"):
+        block_bytes(Shard("o_proj.weight", torch.zeros(6, 7), (6, 10), 1, [7, 4]), 2)
 
 
 def test_row_blocks_follow_torch_chunk():

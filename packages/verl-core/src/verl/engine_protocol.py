@@ -14,7 +14,20 @@ Per-token outputs are aligned with `responses`: out[:, t] belongs to responses[:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Dict, Iterable, Iterator, List, Optional, Protocol, Tuple
+from typing import (
+    Any,
+    Callable,
+    ContextManager,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    NamedTuple,
+    Optional,
+    Protocol,
+    Sequence,
+    Tuple,
+)
 
 import torch
 
@@ -27,6 +40,18 @@ Metrics = Dict[str, float]
 LossFn = Callable[[Dict[str, torch.Tensor], DataProto], Tuple[torch.Tensor, Metrics]]
 Weights = Iterable[Tuple[str, torch.Tensor]]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Shard(NamedTuple):
+    """One rank's block of a tensor, in Hugging Face names (`weight_shards`): the ranks' blocks, joined along `dim`
+    in rank order, are the whole tensor. `sizes`: every rank's extent along `dim` (the same list on every rank);
+    empty: the rows torch.chunk gives each rank (FSDP's dim-0 shards)."""
+
+    name: str
+    part: torch.Tensor
+    shape: Tuple[int, ...]  # the whole tensor's
+    dim: int = 0
+    sizes: Sequence[int] = ()
 
 
 @dataclass
@@ -137,6 +162,12 @@ class TrainEngine(Protocol):
         """Bytes that reached this rank from other ranks while the last `weights()` pass assembled full tensors
         (tensor-parallel gathers, pipeline broadcasts), reported with each weight sync; 0 where none is counted."""
 
+    def weight_shards(self) -> Optional[Iterator[Shard]]:
+        """This rank's block of every tensor (a `Shard` each, in the same order on every rank; an empty block where
+        the rank holds none), for a rollout on a pool of its own that then receives from every rank with nothing
+        gathered (verl.workers.weight_transfer.send_weight_shards); collective. None where the engine cannot (LoRA's
+        merged weights, a mixture of experts' fused experts): rank 0 then sends `weights()`."""
+
     def infer(
         self, batch: DataProto, *, micro_batch_size: int, temperature: float = 1.0, entropy: bool = False
     ) -> DataProto:
@@ -160,9 +191,7 @@ class TrainEngine(Protocol):
 
     def weights(self) -> Iterator[Tuple[str, torch.Tensor]]:
         """Full (unsharded) parameters one tensor at a time, in Hugging Face names; collective on all ranks.
-        With LoRA adapters, the base with the adapters merged in. (An engine whose ranks hold row blocks of each
-        tensor may also offer `weight_shards()`: (name, this rank's dim-0 rows, full shape), or None, which a
-        rollout on a pool of its own then receives from every rank, nothing gathered: verl_fsdp's engine.)"""
+        With LoRA adapters, the base with the adapters merged in."""
 
     def lora_adapter(self) -> Optional[Tuple[Dict[str, Any], Weights]]:
         """With LoRA adapters: (their peft adapter_config as a dict, the adapter tensors, full, under peft's saved

@@ -31,6 +31,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from verl import engine_skeleton as parts
 from verl.engine_protocol import EngineConfig, LossFn, Metrics, TrainEngine
+from verl.engine_protocol import Shard as WeightShard
 from verl.protocol import DataProto
 from verl.utils.hf_files import checkpoint_tensors, copy_tokenizer_files
 from verl.utils.logprob import entropy_from_logits, logprobs_from_logits
@@ -355,11 +356,11 @@ class FSDPEngine:
         for name, tensor in named:
             yield from checkpoint_tensors(hf_model, name, _full(tensor.detach()))
 
-    def weight_shards(self) -> Optional[Iterator[Tuple[str, torch.Tensor, Tuple[int, ...]]]]:
-        """This rank's dim-0 rows of each parameter under its checkpoint name, with the full shape: what a rank sends
-        to a rollout pool of its own without gathering anything (verl.workers.weight_transfer.send_weight_shards).
-        None where a parameter's checkpoint form is not its own rows (LoRA's merged weights, a mixture of experts'
-        fused experts) or it is not sharded on dim 0."""
+    def weight_shards(self) -> Optional[Iterator[WeightShard]]:
+        """This rank's dim-0 rows of each parameter under its checkpoint name (FSDP's shards, as torch.chunk cuts
+        them): what a rank sends to a rollout pool of its own without gathering anything. None where a parameter's
+        checkpoint form is not its own rows (LoRA's merged weights, a mixture of experts' fused experts) or it is
+        not sharded on dim 0 alone (tensor parallel)."""
         if is_lora(self.model):
             return None
         if self._shard_names is None:  # read once: {} when some parameter cannot go as its own rows
@@ -376,11 +377,11 @@ class FSDPEngine:
             return None
         return self._local_rows()
 
-    def _local_rows(self) -> Iterator[Tuple[str, torch.Tensor, Tuple[int, ...]]]:
+    def _local_rows(self) -> Iterator[WeightShard]:
         assert self._shard_names is not None
         self.params_away.resident()
         for name, p in self.model.named_parameters():
-            yield self._shard_names[name], cast(DTensor, p).to_local().detach(), tuple(p.shape)
+            yield WeightShard(self._shard_names[name], cast(DTensor, p).to_local().detach(), tuple(p.shape))
 
     def lora_adapter(self) -> Optional[Tuple[Dict[str, Any], Iterator[Tuple[str, torch.Tensor]]]]:
         """With LoRA: (peft adapter config, the adapter tensors, full, in peft's saved names); else None."""

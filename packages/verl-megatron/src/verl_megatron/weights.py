@@ -7,6 +7,8 @@ layout a generation engine with tensor parallelism `gen_tp` asks for (gen_tp=1: 
 this rank's generation shard, gathered only inside its micro data-parallel group of tp/g ranks, as in HybridFlow).
 A mixture of experts' expert is gathered over its expert tensor-parallel group on the expert-parallel rank that
 holds it, then broadcast to the other expert-parallel ranks (generation engines take whole experts: gen_tp=1).
+`stream_shards` gathers nothing: each rank yields its own piece of every HF tensor, for a rollout on a pool of its
+own that joins the ranks' pieces (verl.workers.weight_transfer.send_weight_shards).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import torch
 import torch.distributed as dist
 
+from verl.engine_protocol import Shard
 from verl_megatron import moe
 from verl_megatron.convert import Dims, Placement, local_placements, mcore_to_hf
 from verl_megatron.parallel import Layout
@@ -234,16 +237,76 @@ def _expert_pieces(p, params, layout, dims, dtype, stats) -> List[Tensor]:
 
 def generation_shape(p: Placement, full: torch.Size, gen: GenerationGroups, dims: Dims) -> torch.Size:
     """Shape of the generation shard, under gen_tp, of an HF tensor whose full shape is `full`."""
-    g = gen.gen_tp
-    if g == 1 or p.rule.kind == "replicate":
+    return tp_shape(p, full, gen.gen_tp, gen.gen_tp_rank, dims)
+
+
+def tp_shape(p: Placement, full: torch.Size, tp: int, rank: int, dims: Dims) -> torch.Size:
+    """Shape of tensor-parallel rank `rank`'s piece (of `tp`) of an HF tensor whose full shape is `full`."""
+    if tp == 1 or p.rule.kind == "replicate":
         return full
     if p.rule.kind == "row":
-        return torch.Size([full[0], full[1] // g])
+        return torch.Size([full[0], full[1] // tp])
     if p.rule.kind == "vocab":
-        rows = dims.padded_vocab // g
-        start = gen.gen_tp_rank * rows
-        return torch.Size([max(0, min(rows, dims.vocab_size - start)), *full[1:]])
-    return torch.Size([full[0] // g, *full[1:]])  # qkv (heads and groups split evenly), glu
+        rows = dims.padded_vocab // tp
+        return torch.Size([max(0, min(rows, dims.vocab_size - rank * rows)), *full[1:]])
+    return torch.Size([full[0] // tp, *full[1:]])  # qkv (heads and groups split evenly), glu
+
+
+# What each rank of the role holds, for `stream_shards`: (tp rank, pipeline rank, sends). Only the first data- and
+# context-parallel replica sends; the others hold the same pieces.
+SenderTable = List[Tuple[int, int, bool]]
+
+
+def sender_table(layout: Layout) -> SenderTable:
+    """Every rank's entry, in global rank order (collective over the role's default group)."""
+    table: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(table, (layout.tp_rank, layout.pp_rank, layout.dp_rank == 0 and layout.cp_rank == 0))
+    return table
+
+
+@torch.no_grad()
+def stream_shards(
+    chunks: Sequence[torch.nn.Module],
+    placements: Sequence[Placement],
+    layout: Layout,
+    dims: Dims,
+    shapes: Dict[str, torch.Size],
+    *,
+    dtype: torch.dtype,
+    table: SenderTable,
+) -> Iterator[Shard]:
+    """This rank's block of every HF tensor, for a rollout pool that joins the ranks' blocks (no collective here):
+    a tensor-parallel rank's piece of its pipeline stage's tensors (rows of q/k/v, gate/up and the vocabulary;
+    columns of o_proj and down_proj), a replicated tensor (a norm) from the stage's tp rank 0, an empty block
+    elsewhere. Global rank order runs tp fastest, so the stage's pieces join in tp order. Dense models only: a
+    mixture of experts' experts stream whole (`stream_hf`)."""
+    params = chunk_params(chunks)
+    device = next(iter(params[0].values())).device
+    me = dist.get_rank()
+    for p in placements:
+        if p.mirror:
+            continue
+        whole = p.rule.kind == "replicate"
+        holders = {r for r, (tp_rank, pp_rank, sends) in enumerate(table) if sends and pp_rank == p.pp_rank}
+        if whole:
+            holders = {r for r in holders if table[r][0] == 0}
+        pieces: Optional[List[Tensor]] = None
+        if me in holders:
+            local = params[p.vp_stage][p.local_name].detach()
+            first, tp = (0, 1) if whole else (layout.tp_rank, layout.tp)
+            pieces = [t.to(dtype) for _, t in mcore_to_hf(p, [local], first, tp, dims)]
+        dim = 1 if p.rule.kind == "row" else 0
+        for i, name in enumerate(p.hf_names):
+            full = shapes[name]
+            sizes = [
+                tp_shape(p, full, 1 if whole else layout.tp, table[r][0], dims)[dim] if r in holders else 0
+                for r in range(len(table))
+            ]
+            if pieces is not None:
+                part = pieces[i]
+            else:
+                part = torch.empty(*full[:dim], 0, *full[dim + 1 :], dtype=dtype, device=device)
+            yield Shard(name, part, tuple(full), dim, sizes)
 
 
 def _broadcast_from_stage(p, pieces, layout, gen, dims, shapes, dtype, device, pp_group, stats) -> List[Tensor]:

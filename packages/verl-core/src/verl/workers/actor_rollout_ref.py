@@ -255,10 +255,9 @@ class ActorRolloutRefWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def weight_transfer_endpoint(self) -> Dict[str, Any]:
         """Where rank 0 hosts the transfer group's rendezvous (this node's address and a free port), and how many
-        actor ranks send: every one when the engine can send its own rows of each tensor (`weight_shards`: FSDP),
-        else rank 0 alone, with whole tensors the ranks assemble together."""
-        shards = getattr(self._need("actor"), "weight_shards", None)
-        senders = self.world_size if shards is not None and shards() is not None else 1
+        actor ranks send: every one when the engine can send its own block of each tensor (`weight_shards`: FSDP's
+        rows, megatron's tensor-parallel pieces), else rank 0 alone, with whole tensors the ranks assemble together."""
+        senders = self.world_size if self._need("actor").weight_shards() is not None else 1
         return {"host": self.master_addr, "port": free_port(), "senders": senders}
 
     @register(Dispatch.ONE_TO_ALL)

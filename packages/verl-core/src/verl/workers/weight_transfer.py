@@ -1,13 +1,18 @@
 """Weights from the trainer's pool into a rollout pool of its own, over a collective group spanning both.
 
-The actor's rank 0 (the sender) and every rank of the rollout pool (the receivers) join one process group of
-their own, apart from each pool's default one: gloo on CPU, NCCL on GPU. A sync streams the actor's full
-tensors (as `TrainEngine.weights()` yields them: FSDP shards gathered, megatron TP/PP pieces assembled, in
-Hugging Face names) in buckets of at most `bucket_bytes`: a small header naming each tensor's name, dtype,
-shape and byte range, then one flat byte buffer, both broadcast from the sender. Receivers rebuild each tensor
-from its bytes (bitwise the sender's) and hand them, one at a time, to their rollout engine's own loader
-(which slices its tensor-parallel shard, as it does for a colocated actor). Memory held in flight: the sender's
-bucket of tensors and its flat copy, and a receiver's flat buffer (its tensors are views into it).
+The actor's sending ranks and every rank of the rollout pool (the receivers) join one process group of their
+own, apart from each pool's default one: gloo on CPU, NCCL on GPU. Two ways to send, in Hugging Face names:
+
+- one sender (`send_weights`): the actor's rank 0 streams full tensors as `TrainEngine.weights()` yields them (the
+  actor's ranks assemble each one together first);
+- every rank its own block (`send_weight_shards`): FSDP's dim-0 rows, megatron's tensor-parallel pieces of its
+  pipeline stage (column blocks of the row-parallel projections); nothing is gathered on the trainer's side.
+
+A sync goes in buckets of at most `bucket_bytes`: a small header (from member 0) naming each tensor's name, dtype,
+shape, each sender's bytes and the dimension the blocks join along, then each sender's flat byte buffer.
+Receivers rebuild each whole tensor from the blocks (bitwise the trainer's) and hand them, one at a time, to their
+rollout engine's own loader (which slices its tensor-parallel shard, as it does for a colocated actor). Memory held
+in flight: a sender's bucket of blocks and its flat copy, and a receiver's flat buffers.
 """
 
 from __future__ import annotations
@@ -16,12 +21,13 @@ import datetime
 import pickle
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Iterable, Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 
 from verl.controller.rendezvous import is_loopback, pin_gloo_to_loopback, tcp_store
+from verl.engine_protocol import Shard
 
 DEFAULT_BUCKET_BYTES = 256 << 20  # 256 MiB: a handful of buckets for a 7B model's layers, one for a tiny model
 ALIGN = 16  # each tensor starts at a multiple of this in a bucket, so its bytes can be viewed as any dtype
@@ -107,9 +113,9 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
 
 
-# One tensor of a bucket as the header names it: name, dtype, full shape, and the bytes each sender holds of it (its
-# rows: senders' parts are consecutive row blocks of the tensor, in sender order).
-Entry = Tuple[str, str, Tuple[int, ...], List[int]]
+# One tensor of a bucket as the header names it: name, dtype, full shape, the bytes each sender holds of it, and the
+# dimension the senders' blocks are consecutive along (joined in sender order).
+Entry = Tuple[str, str, Tuple[int, ...], List[int], int]
 
 
 class _Buckets:
@@ -124,11 +130,11 @@ class _Buckets:
         self.held = 0
         self.stats = TransferStats()
 
-    def add(self, name: str, part: torch.Tensor, shape: Tuple[int, ...], parts: List[int]) -> None:
+    def add(self, name: str, part: torch.Tensor, shape: Tuple[int, ...], parts: List[int], dim: int = 0) -> None:
         full = sum(parts)
         if self.entries and self.held + full > self.bucket_bytes:
             self.flush(last=False)
-        self.entries.append((name, str(part.dtype).removeprefix("torch."), tuple(shape), parts))
+        self.entries.append((name, str(part.dtype).removeprefix("torch."), tuple(shape), parts, dim))
         self.mine.append(part)
         self.held += full
 
@@ -179,30 +185,46 @@ def send_weights(
 
 def send_weight_shards(
     group: TransferGroup,
-    shards: Iterable[Tuple[str, torch.Tensor, Tuple[int, ...]]],
+    shards: Iterable[Union[Shard, Tuple]],
     *,
     senders: int,
     version: int,
     device: torch.device,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
 ) -> TransferStats:
-    """Every actor rank (transfer-group members 0 .. senders-1, each calling this) sends the rows it holds of each
-    tensor: `shards` yields (name, this rank's dim-0 rows, the full shape), rows split as torch.chunk splits them
-    over `senders` (FSDP's dim-0 shards). No rank gathers a whole tensor; each sends about 1/senders of the bytes.
+    """Every actor rank (transfer-group members 0 .. senders-1, each calling this) sends the block it holds of each
+    tensor: `shards` yields a `Shard` (or its fields as a tuple) for every tensor of the model, in the same order on
+    every sender, with an empty block where this rank holds none of it: FSDP's dim-0 rows, megatron's
+    tensor-parallel pieces of its pipeline stage. No rank gathers a whole tensor; each sends its own bytes.
     `stats.bytes` counts this sender's."""
     start = time.perf_counter()
     buckets = _Buckets(group, group.rank, senders, version, device, bucket_bytes)
-    for name, part, shape in shards:
-        parts = row_block_bytes(shape, senders, part.element_size())
-        if part.numel() * part.element_size() != parts[group.rank]:
+    for item in shards:
+        shard = Shard(*item)
+        parts = block_bytes(shard, senders)
+        if shard.part.numel() * shard.part.element_size() != parts[group.rank]:
             raise RuntimeError(
-                f"{name}: rank {group.rank} holds {tuple(part.shape)} of {tuple(shape)}, not the rows torch.chunk "
-                f"gives it over {senders} ranks"
+                f"{shard.name}: rank {group.rank} holds {tuple(shard.part.shape)} of {tuple(shard.shape)}, not the "
+                f"block of dim {shard.dim} the senders' sizes {list(shard.sizes) or 'torch.chunk'} give it"
             )
-        buckets.add(name, part, shape, parts)
+        buckets.add(shard.name, shard.part, shard.shape, parts, shard.dim)
     buckets.flush(last=True)
     buckets.stats.seconds = time.perf_counter() - start
     return buckets.stats
+
+
+def block_bytes(shard: Shard, senders: int) -> List[int]:
+    """The bytes of each sender's block of `shard`'s tensor."""
+    if not shard.sizes:
+        return row_block_bytes(shard.shape, senders, shard.part.element_size())
+    shape = tuple(shard.shape)
+    if len(shard.sizes) != senders or sum(shard.sizes) != shape[shard.dim]:
+        raise RuntimeError(
+            f"{shard.name}: the senders' blocks {list(shard.sizes)} along dim {shard.dim} do not make up its shape "
+            f"{shape} over {senders} senders"
+        )
+    per = shard.part.element_size() * int(torch.Size(shape[: shard.dim] + shape[shard.dim + 1 :]).numel())
+    return [size * per for size in shard.sizes]
 
 
 def row_block_bytes(shape: Tuple[int, ...], senders: int, element_size: int) -> List[int]:
@@ -219,7 +241,7 @@ def receive_weights(
     group: TransferGroup, device: torch.device, stats: TransferStats, senders: int = 1
 ) -> Iterator[Tuple[str, torch.Tensor]]:
     """The senders' tensors one at a time, whole, as they arrive (feed them to `RolloutEngine.update_weights`).
-    `senders`: how many actor ranks send (1: rank 0 sends whole tensors; more: each its rows, joined here).
+    `senders`: how many actor ranks send (1: rank 0 sends whole tensors; more: each its blocks, joined here).
     `stats` is filled in as the buckets come; its `version` attribute is set from the headers."""
     start = time.perf_counter()
     while True:
@@ -233,16 +255,25 @@ def receive_weights(
                 group.broadcast(torch.empty(size, dtype=torch.uint8, device=device), root=sender) if size else None
             )
         offsets = [0] * senders
-        for name, dtype, shape, parts in entries:
+        for name, dtype, shape, parts, dim in entries:
             pieces = []
             for sender, nbytes in enumerate(parts):
                 if nbytes:
                     pieces.append(flats[sender][offsets[sender] : offsets[sender] + nbytes])
                     offsets[sender] += _aligned(nbytes)
-            data = torch.cat(pieces) if len(pieces) > 1 else pieces[0] if pieces else torch.empty(0, dtype=torch.uint8)
             stats.bytes += sum(parts)
-            yield name, data.view(getattr(torch, dtype)).view(shape)
+            yield name, _joined(pieces, getattr(torch, dtype), shape, dim)
         stats.buckets += 1
         if header["last"]:
             break
     stats.seconds = time.perf_counter() - start
+
+
+def _joined(pieces: List[torch.Tensor], dtype: torch.dtype, shape: Tuple[int, ...], dim: int) -> torch.Tensor:
+    """The tensor the senders' byte blocks make, joined along `dim` (dim 0, or one block: the bytes as they are)."""
+    if dim == 0 or len(pieces) < 2:
+        data = torch.cat(pieces) if len(pieces) > 1 else pieces[0] if pieces else torch.empty(0, dtype=torch.uint8)
+        return data.view(dtype).view(shape)
+    outer, inner = int(torch.Size(shape[:dim]).numel()), int(torch.Size(shape[dim + 1 :]).numel())
+    blocks = [p.view(dtype).view(outer, -1, inner) for p in pieces]
+    return torch.cat(blocks, dim=1).view(shape)
