@@ -104,8 +104,8 @@ def _member(rank: int, world: int, ports: tuple, parallel: dict, model: str, rep
                     assert not want, f"never sent: {sorted(want)}"
                 sent = stats.bytes  # the receiver's: the whole model
             elif way == WAYS[0]:
-                group = groups.get(way)
-                sent = send_weights(group, engine.weights(), version=repeat, device=cpu).bytes if group else 0
+                # every rank takes part in assembling the tensors; rank 0 alone is in the group and sends them
+                sent = send_weights(groups.get(way), engine.weights(), version=repeat, device=cpu).bytes
                 gathered = engine.sync_received_bytes()
             else:
                 shards = engine.weight_shards()

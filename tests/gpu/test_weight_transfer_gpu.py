@@ -1,6 +1,7 @@
 """The transfer group between pools over NCCL: one sender and two receivers, each on a GPU of its own (NCCL puts
 one rank on a device), every tensor bitwise across buckets, and the transfer's GB/s reported; and two senders each
-sending its dim-0 rows (an FSDP actor's shards) to one receiver.
+sending its block of every tensor (an FSDP actor's dim-0 rows; megatron's column blocks of a row-parallel
+projection) to one receiver.
 
 Skipped without 3 CUDA devices (NCCL refuses two ranks on one GPU); the same protocol over gloo runs on CPU in
 tests/core/workers/test_weight_transfer.py."""
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from verl.controller.worker import free_port
+from verl.engine_protocol import Shard
 from verl.workers.weight_transfer import (
     TransferStats,
     join_transfer_group,
@@ -82,8 +84,13 @@ def _sharded_member(rank: int, port: int, out) -> None:
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
     group = join_transfer_group("127.0.0.1", port, rank, 3, "nccl", timeout_s=120)
-    if rank < 2:  # two senders, each its torch.chunk rows of every tensor
-        shards = ((n, torch.chunk(t, 2)[rank], tuple(t.shape)) for n, t in _weights(device))
+    if rank < 2:  # two senders, each its torch.chunk rows of every tensor, or its columns of (1024, 4096)
+        shards = [
+            Shard(n, t.chunk(2, 1)[rank], tuple(t.shape), 1, [t.shape[1] // 2] * 2)
+            if tuple(t.shape) == (1024, 4096)
+            else Shard(n, t.chunk(2)[rank], tuple(t.shape))
+            for n, t in _weights(device)
+        ]
         stats = send_weight_shards(group, shards, senders=2, version=4, device=device, bucket_bytes=16 * MB)
         out.put((rank, stats.metrics(), None))
         return
@@ -94,7 +101,7 @@ def _sharded_member(rank: int, port: int, out) -> None:
     out.put((rank, stats.metrics(), (same, stats.version)))
 
 
-def test_nccl_row_shards_from_two_senders_are_bitwise():
+def test_nccl_blocks_from_two_senders_are_bitwise():
     results = _run(_sharded_member)
     total = sum(t.numel() * t.element_size() for _, t in _weights(torch.device("cpu")))
     sent = [results[r][0]["perf/weight_sync_bytes"] for r in (0, 1)]
