@@ -271,7 +271,7 @@ class ActorRolloutRefWorker(Worker):
     @register(Dispatch.ONE_TO_ALL)
     def send_weights(self, version: int, bucket_bytes: int) -> Dict[str, float]:
         """Stream the actor's weights to the rollout pool (collective with `RolloutWorker.receive_weights`): each
-        rank its own rows of every tensor, or rank 0 the whole tensors every actor rank takes part in assembling.
+        rank its own block of every tensor, or rank 0 the whole tensors every actor rank takes part in assembling.
         perf/weight_sync_bytes: what this rank sent."""
         actor = self._need("actor")
         with self.peaks("weight_sync"):
