@@ -26,28 +26,10 @@ from verl_megatron.context_parallel import sum_over_group
 from verl_megatron.convert import PipelineSplit, SafetensorsFolder, dims_of, plan
 from verl_megatron.parallel import init_model_parallel, sequence_parallel
 from verl_megatron.routing_replay import ROUTES, Replay
-from verl_megatron.sequences import (
-    Rows,
-    hf_positions,
-    packed_rows,
-    pad_rows,
-    padded_rows,
-    rank_inputs,
-    rows_kind,
-    thd_rows,
-    zero_past,
-)
-from verl_megatron.weights import (
-    SenderTable,
-    SyncStats,
-    generation_groups,
-    hf_shapes,
-    load_hf,
-    sender_table,
-    stream_hf,
-    stream_shards,
-    unwrap,
-)
+from verl_megatron.sequences import Rows, hf_positions, packed_rows, pad_rows, padded_rows, rows_kind, thd_rows
+from verl_megatron.sequences import rank_inputs, zero_past
+from verl_megatron.weights import SyncStats, generation_groups, hf_shapes, load_hf, stream_hf, unwrap
+from verl_megatron.weights import stream_shards
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +98,6 @@ class MegatronEngine:
         self._shapes: Optional[Dict[str, torch.Size]] = None
         self._gen_groups: Dict[int, Any] = {}
         self.last_sync = SyncStats()
-        self._senders: Optional[SenderTable] = None  # every rank's part in weight_shards, read once
         self._tokens = [0, 0, 0]  # this step's tokens: real, in the padded layout, computed (packed rows' count)
         self._routes: Optional[Replay] = None
         self.optimizer = None
@@ -166,11 +147,8 @@ class MegatronEngine:
 
     # ---- setup -----------------------------------------------------------------------------------------
     def _wrap_ddp(self, chunks: List[torch.nn.Module]) -> List[torch.nn.Module]:
-        from megatron.core.distributed import (
-            DistributedDataParallel,
-            DistributedDataParallelConfig,
-            finalize_model_grads,
-        )
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.distributed import finalize_model_grads
 
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True
@@ -535,27 +513,13 @@ class MegatronEngine:
         )
 
     def weight_shards(self) -> Optional[Iterator[Shard]]:
-        """This rank's tensor-parallel piece of each HF tensor of its pipeline stage (`weights.stream_shards`): a
-        rollout on a pool of its own receives from every rank, nothing gathered. None for a mixture of experts
-        (its experts go whole, from rank 0) and a value model (never synced)."""
+        """This rank's TP piece of each HF tensor of its stage, nothing gathered (`weights.stream_shards`); None for
+        a mixture of experts (its experts go whole, from rank 0) and a value model (never synced)."""
         if self.cfg.kind != "causal_lm" or any(p.expert is not None for p in self.placements):
             return None
-        return self._shards()
-
-    def _shards(self) -> Iterator[Shard]:
         self._resident()
         self.last_sync = SyncStats()  # nothing is gathered
-        if self._senders is None:
-            self._senders = sender_table(self.layout)
-        yield from stream_shards(
-            self.chunks,
-            self.placements,
-            self.layout,
-            self.dims,
-            self._hf_shapes(),
-            dtype=self.dtype,
-            table=self._senders,
-        )
+        return stream_shards(self.chunks, self.placements, self.layout, self.dims, self._hf_shapes(), dtype=self.dtype)
 
     def lora_adapter(self) -> None:
         return None  # no LoRA on this engine (validate refuses actor.lora on megatron)

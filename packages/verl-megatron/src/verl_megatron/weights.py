@@ -252,13 +252,9 @@ def tp_shape(p: Placement, full: torch.Size, tp: int, rank: int, dims: Dims) -> 
     return torch.Size([full[0] // tp, *full[1:]])  # qkv (heads and groups split evenly), glu
 
 
-# What each rank of the role holds, for `stream_shards`: (tp rank, pipeline rank, sends). Only the first data- and
-# context-parallel replica sends; the others hold the same pieces.
-SenderTable = List[Tuple[int, int, bool]]
-
-
-def sender_table(layout: Layout) -> SenderTable:
-    """Every rank's entry, in global rank order (collective over the role's default group)."""
+def sender_table(layout: Layout) -> List[Tuple[int, int, bool]]:
+    """What each rank of the role holds, in global rank order: (tp rank, pipeline rank, sends); only the first
+    data- and context-parallel replica sends, the others hold the same pieces. Collective over the default group."""
     table: List[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(table, (layout.tp_rank, layout.pp_rank, layout.dp_rank == 0 and layout.cp_rank == 0))
     return table
@@ -273,13 +269,13 @@ def stream_shards(
     shapes: Dict[str, torch.Size],
     *,
     dtype: torch.dtype,
-    table: SenderTable,
 ) -> Iterator[Shard]:
-    """This rank's block of every HF tensor, for a rollout pool that joins the ranks' blocks (no collective here):
+    """This rank's block of every HF tensor, for a rollout pool that joins the ranks' blocks:
     a tensor-parallel rank's piece of its pipeline stage's tensors (rows of q/k/v, gate/up and the vocabulary;
     columns of o_proj and down_proj), a replicated tensor (a norm) from the stage's tp rank 0, an empty block
     elsewhere. Global rank order runs tp fastest, so the stage's pieces join in tp order. Dense models only: a
-    mixture of experts' experts stream whole (`stream_hf`)."""
+    mixture of experts' experts stream whole (`stream_hf`). Collective once (every rank's place, `sender_table`)."""
+    table = sender_table(layout)
     params = chunk_params(chunks)
     device = next(iter(params[0].values())).device
     me = dist.get_rank()
