@@ -3,9 +3,10 @@ key-value heads, so tensor parallelism of 3 rather than 2). Its log-probs of the
 chat prompts (what RL trains on) against transformers' in float32, at TP=3 (sequence parallel) and PP=2, and its
 weights streamed back under Hugging Face names bit for bit.
 
-On 30 real layers float32's rounding shows: transformers' own eager and sdpa attention give log-probs ~2e-5
-apart on these rows. Megatron must be as close to transformers as transformers is to itself (at most twice
-that floor, and never looser than the 1e-5 the random tiny models meet)."""
+On 30 real layers float32's rounding shows, and how it falls depends on the CPU's kernels: transformers' own float32
+log-probs (eager or sdpa attention) are 2e-5 to 4e-5 from float64's on these rows. Megatron's float32 must be about
+as close to float64's as transformers' is (at most twice transformers' error, and never looser than the 1e-5 the
+random tiny models meet against transformers)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 import ray
 import torch
 
-from tests.support.megatron_workers import LOGPROB_ATOL, EngineWorker, check_log_probs, response_log_probs
+from tests.support.megatron_workers import LOGPROB_ATOL, EngineWorker, response_log_probs
 from verl.controller import ResourcePool, make_worker_group
 from verl.protocol import DataProto
 
@@ -58,16 +59,34 @@ def sampled_batch(model_dir: str, new_tokens: int = 12) -> DataProto:
     )
 
 
-def transformers_floor(model_dir: str, batch: DataProto) -> float:
-    """How far transformers' eager and sdpa attention put the batch's response log-probs apart (float32)."""
+def exact_log_probs(model_dir: str, batch: DataProto) -> torch.Tensor:
+    """transformers' response log-probs in float64, each row alone without its padding: float32's rounding errors
+    are measured against these."""
     from transformers import AutoModelForCausalLM
 
-    out = {}
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64, attn_implementation="eager").eval()
+    b = batch.batch
+    out = torch.zeros(b["responses"].shape, dtype=torch.float64)
+    for i in range(len(b["input_ids"])):
+        ids = b["input_ids"][i][b["attention_mask"][i].bool()]  # the real prompt, then the response up to its eos
+        n = int(b["response_mask"][i].sum())
+        with torch.no_grad():
+            logits = model(input_ids=ids[None]).logits[0, -n - 1 : -1]
+        out[i, :n] = torch.log_softmax(logits, -1).gather(-1, b["responses"][i, :n, None]).squeeze(-1)
+    return out
+
+
+def transformers_error(model_dir: str, batch: DataProto, exact: torch.Tensor) -> float:
+    """How far transformers' own float32 log-probs (eager and sdpa attention) are from float64's."""
+    from transformers import AutoModelForCausalLM
+
+    worst = 0.0
     for impl in ("eager", "sdpa"):
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=impl)
         with torch.no_grad():
-            out[impl] = response_log_probs(model.eval(), batch)
-    return float((out["eager"] - out["sdpa"]).abs()[batch.batch["response_mask"].bool()].max())
+            got = response_log_probs(model.eval(), batch).double()
+        worst = max(worst, float((got - exact).abs()[batch.batch["response_mask"].bool()].max()))
+    return worst
 
 
 @pytest.mark.parametrize("parallel", [{"tp": 3}, {"pp": 2}], ids=["tp3-sp", "pp2"])
@@ -81,14 +100,19 @@ def test_real_weights_give_transformers_log_probs(smollm2_dir, ray_three_cpus, p
     try:
         group.call("relayout", parallel)
         group.call("load", "smollm2", smollm2_dir)
-        floor = transformers_floor(smollm2_dir, batch)
-        atol = max(LOGPROB_ATOL, 2 * floor)
-        worst = check_log_probs(group.call("infer", "smollm2", batch), smollm2_dir, batch, atol=atol)
+        exact = exact_log_probs(smollm2_dir, batch)
+        floor = transformers_error(smollm2_dir, batch, exact)
+        valid = batch.batch["response_mask"].bool()
+        worst = 0.0
+        for out in group.call("infer", "smollm2", batch):
+            worst = max(worst, float((out["log_probs"].double() - exact).abs()[valid].max()))
+        print(f"SmolLM2-135M {parallel}: float32 error vs float64: megatron {worst:.2e}, transformers {floor:.2e}")
+        assert worst <= max(LOGPROB_ATOL, 2 * floor), (worst, floor)
         full = load_file(f"{smollm2_dir}/model.safetensors")
         want = {k: hashlib.sha256(v.contiguous().numpy().tobytes()).hexdigest() for k, v in full.items()}
         assert all(digests == want for digests in group.call("hf_weight_digests", "smollm2"))
         tokens = int(batch.batch["response_mask"].sum())
-        print(f"SmolLM2-135M {parallel}: |log-prob - HF| <= {worst:.2e} on {tokens} tokens (HF eager-sdpa {floor:.2e})")
+        print(f"SmolLM2-135M {parallel}: {tokens} tokens, weights streamed back bitwise")
     finally:
         group.shutdown()
         pool.remove()

@@ -286,6 +286,11 @@ def stream_shards(
         holders = {r for r, (tp_rank, pp_rank, sends) in enumerate(table) if sends and pp_rank == p.pp_rank}
         if whole:
             holders = {r for r in holders if table[r][0] == 0}
+        elif [table[r][0] for r in sorted(holders)] != list(range(layout.tp)):  # (the receivers join in rank order)
+            raise RuntimeError(
+                f"{p.hf_names[0]}: its holders' tp ranks run {[table[r][0] for r in sorted(holders)]} in global rank "
+                f"order, not 0..{layout.tp - 1}: the pieces would join out of order"
+            )
         pieces: Optional[List[Tensor]] = None
         if me in holders:
             local = params[p.vp_stage][p.local_name].detach()
