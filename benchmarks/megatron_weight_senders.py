@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -38,6 +37,8 @@ SOURCES = [str(ROOT / "packages" / p / "src") for p in ("verl-core", "verl-kerne
 sys.path[:0] = SOURCES
 
 from machine import machine_line, write_report  # noqa: E402
+
+from verl.controller.worker import free_port  # noqa: E402
 
 MB = 1 << 20
 SHAPE = dict(
@@ -116,12 +117,6 @@ def _member(rank: int, world: int, ports: tuple, parallel: dict, model: str, rep
     results[rank] = out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layouts", default=",".join(LAYOUTS))
@@ -136,7 +131,7 @@ def main() -> None:
             parallel = LAYOUTS[name]
             world = parallel.get("tp", 1) * parallel.get("pp", 1)
             results = mp.Manager().dict()
-            ports = (_free_port(), _free_port(), _free_port())
+            ports = (free_port(), free_port(), free_port())
             mp.spawn(_member, args=(world, ports, parallel, model, args.repeats, results), nprocs=world + 1)
             total = results[world][WAYS[0]][0]
             for way in WAYS:
