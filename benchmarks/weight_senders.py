@@ -49,6 +49,7 @@ def rows(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
 
 
 def member(rank: int, world: int, ports: tuple, args, out) -> None:
+    from verl.engine_protocol import Shard
     from verl.workers.weight_transfer import (
         TransferStats,
         join_transfer_group,
@@ -74,7 +75,7 @@ def member(rank: int, world: int, ports: tuple, args, out) -> None:
                 for name, t in receive_weights(group, cpu, stats, senders=senders):
                     assert name not in want or torch.equal(t, want[name]), name
             elif senders > 1:
-                shards = ((n, rows(t, rank, world), tuple(t.shape)) for n, t in model)
+                shards = (Shard(n, rows(t, rank, world), tuple(t.shape)) for n, t in model)
                 sent = send_weight_shards(
                     group, shards, senders=world, version=repeat, device=cpu, bucket_bytes=bucket
                 ).bytes

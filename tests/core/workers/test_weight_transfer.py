@@ -115,7 +115,7 @@ def _sharded_member(rank: int, port: int, senders: int, world: int, out: "mp.Que
     group = join_transfer_group("127.0.0.1", port, rank, world, "gloo", timeout_s=60)
     weights = _weights() + [("short", torch.randn(1, 5))]  # one row: the second sender holds none of it
     if rank < senders:
-        shards: list = [(name, _rows(t, rank, senders), tuple(t.shape)) for name, t in weights]
+        shards = [Shard(name, _rows(t, rank, senders), tuple(t.shape)) for name, t in weights]
         for name, t, sizes in _columns():  # joined along dim 1
             start = sum(sizes[:rank])
             shards.append(Shard(name, t.narrow(1, start, sizes[rank]), tuple(t.shape), 1, sizes))

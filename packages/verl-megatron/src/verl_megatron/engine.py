@@ -10,6 +10,7 @@ Weights enter from HF safetensors and leave as HF tensors (streamed one at a tim
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, Callable, ContextManager, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -28,8 +29,7 @@ from verl_megatron.parallel import init_model_parallel, sequence_parallel
 from verl_megatron.routing_replay import ROUTES, Replay
 from verl_megatron.sequences import Rows, hf_positions, packed_rows, pad_rows, padded_rows, rows_kind, thd_rows
 from verl_megatron.sequences import rank_inputs, zero_past
-from verl_megatron.weights import SyncStats, generation_groups, hf_shapes, load_hf, stream_hf, unwrap
-from verl_megatron.weights import stream_shards
+from verl_megatron.weights import SyncStats, generation_groups, hf_shapes, load_hf, stream_hf, stream_shards, unwrap
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,6 @@ class MegatronEngine:
             folder = SafetensorsFolder(cfg.model_path)
             optional = ("score.weight", "score.bias") if cfg.kind == "value" else ()
             self.fresh = load_hf(chunks, self.placements, folder.get, layout, self.dims, optional=optional)
-        self._shapes: Optional[Dict[str, torch.Size]] = None
         self._gen_groups: Dict[int, Any] = {}
         self.last_sync = SyncStats()
         self._tokens = [0, 0, 0]  # this step's tokens: real, in the padded layout, computed (packed rows' count)
@@ -485,10 +484,9 @@ class MegatronEngine:
         opt.step_with_ready_grads()
 
     # ---- weights -----------------------------------------------------------------------------------------
+    @functools.cached_property
     def _hf_shapes(self) -> Dict[str, torch.Size]:
-        if self._shapes is None:
-            self._shapes = hf_shapes(self.hf_config, self.cfg.kind)
-        return self._shapes
+        return hf_shapes(self.hf_config, self.cfg.kind)
 
     def weights(self, gen_tp: int = 1) -> Iterator[Tuple[str, torch.Tensor]]:
         """Full parameters (gen_tp=1), or this rank's shard for a generation engine with tensor parallelism
@@ -500,26 +498,24 @@ class MegatronEngine:
         if gen_tp not in self._gen_groups:
             self._gen_groups[gen_tp] = generation_groups(self.layout, gen_tp)
         self.last_sync = SyncStats()
-        self._tokens = [0, 0, 0]  # this step's tokens: real, in the padded layout, computed (packed rows' count)
         return stream_hf(
             self.chunks,
             self.placements,
             self.layout,
             self.dims,
-            self._hf_shapes(),
+            self._hf_shapes,
             dtype=self.dtype,
             gen=self._gen_groups[gen_tp],
             stats=self.last_sync,
         )
 
     def weight_shards(self) -> Optional[Iterator[Shard]]:
-        """This rank's TP piece of each HF tensor of its stage, nothing gathered (`weights.stream_shards`); None for
-        a mixture of experts (its experts go whole, from rank 0) and a value model (never synced)."""
+        """This rank's TP piece of each HF tensor of its stage (`weights.stream_shards`); None: MoE, value models."""
         if self.cfg.kind != "causal_lm" or any(p.expert is not None for p in self.placements):
             return None
-        self._resident()
         self.last_sync = SyncStats()  # nothing is gathered
-        return stream_shards(self.chunks, self.placements, self.layout, self.dims, self._hf_shapes(), dtype=self.dtype)
+        args = (self.chunks, self.placements, self.layout, self.dims, self._hf_shapes)
+        return stream_shards(*args, dtype=self.dtype, before=self._resident)  # (lazy: a probe for None moves nothing)
 
     def lora_adapter(self) -> None:
         return None  # no LoRA on this engine (validate refuses actor.lora on megatron)

@@ -235,11 +235,6 @@ def _expert_pieces(p, params, layout, dims, dtype, stats) -> List[Tensor]:
     return pieces
 
 
-def generation_shape(p: Placement, full: torch.Size, gen: GenerationGroups, dims: Dims) -> torch.Size:
-    """Shape of the generation shard, under gen_tp, of an HF tensor whose full shape is `full`."""
-    return tp_shape(p, full, gen.gen_tp, gen.gen_tp_rank, dims)
-
-
 def tp_shape(p: Placement, full: torch.Size, tp: int, rank: int, dims: Dims) -> torch.Size:
     """Shape of tensor-parallel rank `rank`'s piece (of `tp`) of an HF tensor whose full shape is `full`."""
     if tp == 1 or p.rule.kind == "replicate":
@@ -269,12 +264,16 @@ def stream_shards(
     shapes: Dict[str, torch.Size],
     *,
     dtype: torch.dtype,
+    before: Optional[Callable[[], None]] = None,
 ) -> Iterator[Shard]:
     """This rank's block of every HF tensor, for a rollout pool that joins the ranks' blocks:
     a tensor-parallel rank's piece of its pipeline stage's tensors (rows of q/k/v, gate/up and the vocabulary;
     columns of o_proj and down_proj), a replicated tensor (a norm) from the stage's tp rank 0, an empty block
     elsewhere. Global rank order runs tp fastest, so the stage's pieces join in tp order. Dense models only: a
-    mixture of experts' experts stream whole (`stream_hf`). Collective once (every rank's place, `sender_table`)."""
+    mixture of experts' experts stream whole (`stream_hf`). Collective once (every rank's place, `sender_table`).
+    `before` runs when the stream is first read (the engine's parameters back on the device), not when it is made."""
+    if before is not None:
+        before()
     table = sender_table(layout)
     params = chunk_params(chunks)
     device = next(iter(params[0].values())).device
@@ -286,10 +285,10 @@ def stream_shards(
         holders = {r for r, (tp_rank, pp_rank, sends) in enumerate(table) if sends and pp_rank == p.pp_rank}
         if whole:
             holders = {r for r in holders if table[r][0] == 0}
-        elif [table[r][0] for r in sorted(holders)] != list(range(layout.tp)):  # (the receivers join in rank order)
+        elif (order := [table[r][0] for r in sorted(holders)]) != list(range(layout.tp)):  # (joined in rank order)
             raise RuntimeError(
-                f"{p.hf_names[0]}: its holders' tp ranks run {[table[r][0] for r in sorted(holders)]} in global rank "
-                f"order, not 0..{layout.tp - 1}: the pieces would join out of order"
+                f"{p.hf_names[0]}: its holders' tp ranks run {order} in global rank order, not 0..{layout.tp - 1}: "
+                "the pieces would join out of order"
             )
         pieces: Optional[List[Tensor]] = None
         if me in holders:
@@ -314,7 +313,8 @@ def _broadcast_from_stage(p, pieces, layout, gen, dims, shapes, dtype, device, p
     src = dist.get_global_rank(pp_group, p.pp_rank)
     if pieces is None:
         pieces = [
-            torch.empty(generation_shape(p, shapes[n], gen, dims), dtype=dtype, device=device) for n in p.hf_names
+            torch.empty(tp_shape(p, shapes[n], gen.gen_tp, gen.gen_tp_rank, dims), dtype=dtype, device=device)
+            for n in p.hf_names
         ]
         receiving = True
     else:

@@ -21,7 +21,7 @@ import datetime
 import pickle
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -185,7 +185,7 @@ def send_weights(
 
 def send_weight_shards(
     group: TransferGroup,
-    shards: Iterable[Union[Shard, Tuple]],
+    shards: Iterable[Shard],
     *,
     senders: int,
     version: int,
@@ -193,14 +193,13 @@ def send_weight_shards(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
 ) -> TransferStats:
     """Every actor rank (transfer-group members 0 .. senders-1, each calling this) sends the block it holds of each
-    tensor: `shards` yields a `Shard` (or its fields as a tuple) for every tensor of the model, in the same order on
+    tensor: `shards` yields a `Shard` for every tensor of the model (`TrainEngine.weight_shards`), in the same order on
     every sender, with an empty block where this rank holds none of it: FSDP's dim-0 rows, megatron's
     tensor-parallel pieces of its pipeline stage. No rank gathers a whole tensor; each sends its own bytes.
     `stats.bytes` counts this sender's."""
     start = time.perf_counter()
     buckets = _Buckets(group, group.rank, senders, version, device, bucket_bytes)
-    for item in shards:
-        shard = Shard(*item)
+    for shard in shards:
         parts = block_bytes(shard, senders)
         if shard.part.numel() * shard.part.element_size() != parts[group.rank]:
             raise RuntimeError(
