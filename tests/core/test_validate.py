@@ -247,6 +247,15 @@ def test_the_embedded_mixture_of_experts_takes_expert_parallelism():
     assert p.key == "actor.parallel.ep" and "does not divide" in p.message
 
 
+def test_a_vision_language_model_is_refused_by_name(tmp_path):
+    """The embedded tiny Qwen2.5-VL (from its spec) and a folder whose config.json has a vision tower."""
+    p = only(check({"model": {"path": "embedded:tiny-qwen2.5-vl"}}))
+    assert p.key == "model.path" and "vision-language model (qwen2_5_vl)" in p.message
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2_vl", "vision_config": {"depth": 32}}')
+    p = only(check({"model": {"path": str(tmp_path)}}))
+    assert p.key == "model.path" and "(qwen2_vl)" in p.message
+
+
 def test_the_load_balancing_loss_is_megatrons_and_for_mixtures_of_experts():
     aux = {"actor": {"moe_aux_loss_coeff": 0.01}}
     assert not errors(check(MEGATRON8, {"model": {"path": "embedded:tiny-qwen3-moe"}}, aux))

@@ -53,6 +53,14 @@ def tiny_model_dir(embedded_cache):
 
 
 @pytest.fixture(scope="session")
+def tiny_vlm_dir(embedded_cache):
+    """The Hugging Face folder of embedded:tiny-qwen2.5-vl (a Qwen2.5-VL with a tiny vision tower), built once."""
+    from verl.embedded.models import materialize_embedded_model
+
+    return materialize_embedded_model("tiny-qwen2.5-vl", embedded_cache)
+
+
+@pytest.fixture(scope="session")
 def decoders(tmp_path_factory):
     """Random 2-layer decoders of the three shapes the memory models tell apart: a Llama (untied, GQA), a Qwen3
     (qk-norm, head_dim apart from hidden/heads, tied) and a Qwen3-MoE (4 experts, top 2, layer 1 dense)."""

@@ -1,7 +1,7 @@
 # Pytest fixtures shared with other test directories.
 import pytest
 
-from tests.support.fixtures import char_tokenizer, embedded_cache, tiny_model_dir  # noqa: F401
+from tests.support.fixtures import char_tokenizer, embedded_cache, tiny_model_dir, tiny_vlm_dir  # noqa: F401
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ import pytest
 
 from verl.data.sources import resolve_data_files
 from verl.embedded.arithmetic import (
-    EMBEDDED_DATASETS,
+    ARITHMETIC_DATASETS,
     make_arithmetic_rows,
     make_sft_rows,
     pair_split,
@@ -153,7 +153,7 @@ def test_resolve_data_files(tmp_path):
     )
     assert paths[3] == "/data/gsm8k.parquet"
     assert [len(pd.read_parquet(p)) for p in paths[:3]] == [20000, 200, 20000]
-    assert EMBEDDED_DATASETS["arithmetic"].n == 20000
+    assert ARITHMETIC_DATASETS["arithmetic"].n == 20000
     assert set(pd.read_parquet(paths[2]).columns) >= {"prompt", "response"}
     with pytest.raises(
         ValueError,

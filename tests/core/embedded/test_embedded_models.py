@@ -6,6 +6,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -158,3 +159,35 @@ def test_the_embedded_mixture_of_experts_saves_per_expert_names(embedded_cache):
     assert {f"model.layers.3.mlp.experts.7.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")} <= names
     tokenizer = AutoTokenizer.from_pretrained(folder)  # the character tokenizer, not a Qwen2 tokenizer swapped in
     assert tokenizer.decode(tokenizer("12+7=19").input_ids) == "12+7=19"
+
+
+def test_the_embedded_vision_language_model_loads_and_reads_an_image(tiny_vlm_dir):
+    """tiny-qwen2.5-vl: a Qwen2.5-VL folder that transformers' Auto classes load (the image processor its PIL one),
+    whose logits depend on the image's pixels."""
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    from verl.data.vision import load_vision_processor
+    from verl.embedded.shapes import draw_shapes
+
+    model = AutoModelForImageTextToText.from_pretrained(tiny_vlm_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_vlm_dir)
+    assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration" and num_parameters(model) == 1068224
+    assert type(AutoImageProcessor.from_pretrained(tiny_vlm_dir)).__name__ == "Qwen2VLImageProcessorPil"
+    assert len(tokenizer) == 87 and tokenizer.decode(tokenizer("12+7=")["input_ids"]) == "12+7="  # chars as before
+    processor = load_vision_processor(tiny_vlm_dir, tokenizer)
+    text = tokenizer.apply_chat_template(
+        [[{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many?"}]}]],
+        tokenize=False,
+        add_generation_prompt=True,
+    )[0]
+    logits = []
+    for count in (1, 4):
+        inputs = processor(text, [draw_shapes(np.random.default_rng(0), count)])
+        with torch.no_grad():
+            out = model(
+                input_ids=torch.tensor([inputs["input_ids"]]),
+                pixel_values=inputs["pixel_values"],
+                image_grid_thw=inputs["image_grid_thw"],
+            )
+        logits.append(out.logits[0, -1])
+    assert logits[0].shape == (87,) and not torch.allclose(logits[0], logits[1])

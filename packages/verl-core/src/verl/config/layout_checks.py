@@ -367,6 +367,34 @@ def model_experts(cfg: Any) -> Optional[int]:
     return None if folder is None else folder_experts(folder)
 
 
+def model_vision_type(cfg: Any) -> Optional[str]:
+    """The model type of the configured model when it is a vision-language model (None: a text model, or not known
+    here)."""
+    from verl.utils.hf_files import folder_vision_model
+
+    path = value(cfg, "model.path")
+    if not isinstance(path, str):
+        return None
+    if path.startswith("embedded:"):
+        from verl.embedded.specs import EMBEDDED_MODELS
+
+        spec = EMBEDDED_MODELS.get(path[len("embedded:") :])
+        return spec.model_type if spec is not None and spec.vision else None
+    from verl.model_source import local_model_folder
+
+    folder = local_model_folder(path)
+    return None if folder is None else folder_vision_model(folder)
+
+
+def check_vision_model(ctx: Context) -> List[ConfigProblem]:
+    """Vision-language models are read (data, processor, the embedded tiny-qwen2.5-vl) but not yet trained."""
+    kind = model_vision_type(ctx.cfg)
+    if kind is None:
+        return []
+    why = f"is a vision-language model ({kind}), and the trainer does not train vision-language models yet"
+    return [error_at("model.path", why, "use a text model (a causal LM)")]
+
+
 def _routing_replay_problems(ctx: Context, experts: Optional[int]) -> List[ConfigProblem]:
     """actor.routing_replay: a megatron mixture of experts; r3 also needs a rollout that records routes (hf, or
     vllm on a GPU; one completion per sample, synchronous)."""

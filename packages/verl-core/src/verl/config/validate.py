@@ -50,6 +50,7 @@ from verl.config.layout_checks import (
     check_rollout_layout,
     check_sequence_parallel,
     check_virtual_pipeline,
+    check_vision_model,
 )
 from verl.config.placement import as_config, value
 from verl.config.plan import Plan, draft_plan, lora_rank
@@ -240,6 +241,7 @@ CHECKS: Sequence[Check] = (
     check_cuda_here,
     check_controller,
     check_fsdp_layout,
+    check_vision_model,
     check_attention,
     check_offload,
     check_rollout_layout,

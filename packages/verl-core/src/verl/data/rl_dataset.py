@@ -1,7 +1,8 @@
 """The RL prompt data set: parquet files in verl's RL format, tokenised once with the chat template.
 
 Expected columns: data_source (str), prompt (chat messages), reward_model ({"ground_truth": ...}, usually
-{"style": "rule", ...}) and optionally extra_info (dict); other columns such as ability are ignored.
+{"style": "rule", ...}) and optionally extra_info (dict) and images (a list of images per row, each `<image>` in
+the prompt marking where one goes: see verl.data.vision); other columns such as ability are ignored.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from verl.data.prompt_cache import cached_prompts
 from verl.data.rows import MESSAGES_FORMAT, check_messages, read_columns, render_prompts, warn_dropped
 from verl.data.sample_tools import row_tool_kwargs, row_tools
 from verl.data.sources import resolve_data_files
+from verl.data.vision import VisionProcessor, image_messages, row_images
 from verl.embedded.cache import settings_hash
 from verl.protocol import DataProto
 
@@ -45,13 +47,15 @@ class RLDataset:
         filter_overlong_prompts: bool = True,
         cache_dir: str | os.PathLike | None = None,
         tools: list[dict[str, Any]] | None = None,
+        processor: VisionProcessor | None = None,
     ) -> None:
         """tools: the agent's tools (JSON schemas), rendered into every prompt by the chat template (a row's
-        extra_info.tools may name a subset; see verl.data.sample_tools)."""
+        extra_info.tools may name a subset; see verl.data.sample_tools). processor: a vision-language model's
+        (verl.data.vision.load_vision_processor), needed by files with an `images` column."""
         if max_prompt_length < 1:
             raise ValueError(f"max_prompt_length must be >= 1, got {max_prompt_length}")
         self.max_prompt_length = max_prompt_length
-        self.cache_dir, self.tools = cache_dir, tools or None
+        self.cache_dir, self.tools, self.processor = cache_dir, tools or None, processor
         self.files = resolve_data_files(files, cache_dir)
         if not self.files:
             raise ValueError("RLDataset needs at least one data file; got an empty list")
@@ -66,9 +70,10 @@ class RLDataset:
 
     def _load(self, path: str, tokenizer: Any, prompt_key: str, filter_overlong: bool) -> None:
         required = {prompt_key: f"{MESSAGES_FORMAT} in {RL_FORMAT}", **REQUIRED_COLUMNS}
-        columns = read_columns(path, required, optional=("extra_info",))
+        columns = read_columns(path, required, optional=("extra_info", "images"))
         n_rows = len(columns[prompt_key])
         conversations = [check_messages(v, path, i, prompt_key) for i, v in enumerate(columns[prompt_key])]
+        images = columns.get("images") or [None] * n_rows
         extra_infos = [dict(e or {}) for e in columns.get("extra_info") or [None] * n_rows]
         names = [t["function"]["name"] for t in self.tools or []]
         for i, extra in enumerate(extra_infos):  # per-sample tools, checked and normalised (verl.data.sample_tools)
@@ -88,8 +93,11 @@ class RLDataset:
                     texts[i] = text
             return texts, (tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
 
-        key = prompt_key if self.tools is None else f"{prompt_key}+tools-{settings_hash(self.tools)}"
-        texts, ids = cached_prompts(path, tokenizer, key, tokenise, self.cache_dir)
+        if any(images):
+            texts, ids, conversations = self._image_prompts(path, tokenizer, conversations, images)
+        else:
+            key = prompt_key if self.tools is None else f"{prompt_key}+tools-{settings_hash(self.tools)}"
+            texts, ids = cached_prompts(path, tokenizer, key, tokenise, self.cache_dir)
         n_dropped = 0
         for i in range(n_rows):
             truth = _ground_truth(columns["reward_model"][i], path, i)
@@ -108,9 +116,31 @@ class RLDataset:
                 n_dropped += 1
                 continue
             row = {"input_ids": ids[i], "raw_prompt": texts[i], "ground_truth": truth, "data_source": data_source}
+            if images[i]:  # (kept encoded: decoded and processed when the row is drawn)
+                row.update(images=images[i], source=(path, i))
             self.rows.append({**row, "extra_info": extra_infos[i], "messages": conversations[i]})
         self.n_filtered += n_dropped
         warn_dropped(path, n_dropped, n_rows, f"prompts longer than max_prompt_length={self.max_prompt_length}")
+
+    def _image_prompts(
+        self, path: str, tokenizer: Any, conversations: list, images: list
+    ) -> tuple[list[str], list[list[int]], list]:
+        """Texts (each image one pad token), token ids (each image's pad widened to its merged patches) and the
+        conversations with image parts, of a file with images; each image decoded once here to check it."""
+        if self.processor is None:
+            raise ValueError(
+                f"{path}: column 'images' holds images, and image prompts need a vision-language model's processor "
+                "(RLDataset(processor=verl.data.vision.load_vision_processor(model_dir, tokenizer)))"
+            )
+        texts, ids, parted = [], [], []
+        for i, (conversation, value) in enumerate(zip(conversations, images)):
+            decoded = row_images(value, path, i)
+            parted.append(image_messages(conversation, len(decoded), path, i))
+            (text,) = render_prompts(tokenizer, [parted[-1]], self.tools)
+            widened = self.processor.widen(text, [self.processor.image_tokens(im) for im in decoded])
+            texts.append(text)
+            ids.append(tokenizer(widened, add_special_tokens=False)["input_ids"])
+        return texts, ids, parted
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -121,7 +151,12 @@ class RLDataset:
             raise IndexError(f"index {index} out of range for an RLDataset of {len(self)} prompts")
         index = index % len(self)
         row = self.rows[index]
-        return {**row, "input_ids": torch.tensor(row["input_ids"], dtype=torch.long), "index": index}
+        item = {**row, "input_ids": torch.tensor(row["input_ids"], dtype=torch.long), "index": index}
+        if "images" in row:
+            assert self.processor is not None  # (rows with images are read only with one)
+            path, i = row["source"]
+            item["multi_modal_inputs"] = self.processor.pixels(row_images(row["images"], path, i))
+        return item
 
 
 def _ground_truth(reward_model: Any, path: str, row: int) -> Any:
@@ -137,7 +172,8 @@ def collate_rl(items: Sequence[dict[str, Any]], tokenizer: Any, max_prompt_lengt
 
     Tensors: input_ids, attention_mask, position_ids [B, P] (positions count real tokens only, so a prompt's
     first real token has position 0 whatever its padding). Non-tensors: raw_prompt, ground_truth,
-    data_source, extra_info, index, messages (the prompt's conversation; object arrays).
+    data_source, extra_info, index, messages (the prompt's conversation; object arrays), and with image prompts
+    multi_modal_inputs (per row its images' pixel_values and image_grid_thw; an empty dict for a row without).
     """
     if not items:
         raise ValueError("collate_rl needs at least one item")
@@ -155,6 +191,8 @@ def collate_rl(items: Sequence[dict[str, Any]], tokenizer: Any, max_prompt_lengt
     non_tensors = {key: [item[key] for item in items] for key in keys}  # lists become object arrays
     if all("messages" in item for item in items):
         non_tensors["messages"] = [item["messages"] for item in items]
+    if any("multi_modal_inputs" in item for item in items):
+        non_tensors["multi_modal_inputs"] = [item.get("multi_modal_inputs", {}) for item in items]
     return DataProto.from_dict(
         tensors={"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
         non_tensors=non_tensors,

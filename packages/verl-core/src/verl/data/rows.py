@@ -9,8 +9,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from verl.embedded.arithmetic import EMBEDDED_DATASETS
 from verl.embedded.cache import PREFIX
+from verl.embedded.data_sets import EMBEDDED_DATASETS
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
 from urllib.parse import parse_qsl
 
-from verl.embedded.arithmetic import EMBEDDED_DATASETS
 from verl.embedded.cache import cache_root, cached_dir, embedded_name, is_embedded, settings_hash
+from verl.embedded.data_sets import EMBEDDED_DATASETS
 
 PREFIX = "prepare:"
 

@@ -1,16 +1,17 @@
-"""Embedded assets built locally, with no model hub: a character tokenizer, tiny models, the arithmetic task.
+"""Embedded assets built locally, with no model hub: a character tokenizer, tiny models (one of them a
+vision-language model), the arithmetic task and a visual counting task.
 
 Recipes name them as "embedded:NAME" (model.path: embedded:tiny-llama, data.train_files:
 [embedded:arithmetic]); they are written once into a cache folder and loaded like any other files.
 """
 
 from verl.embedded.arithmetic import (
-    EMBEDDED_DATASETS,
     make_arithmetic_rows,
     make_sft_rows,
     write_arithmetic_parquet,
 )
 from verl.embedded.cache import cache_root, is_embedded
+from verl.embedded.data_sets import EMBEDDED_DATASETS
 from verl.embedded.models import (
     EMBEDDED_MODELS,
     build_embedded_model,

@@ -226,8 +226,8 @@ class ArithmeticFile:
         )
 
 
-# What "embedded:NAME" means in data.train_files / data.val_files (and in an SFT warm start's files).
-EMBEDDED_DATASETS: dict[str, ArithmeticFile] = {
+# The arithmetic task's files among what "embedded:NAME" names (verl.embedded.data_sets).
+ARITHMETIC_DATASETS: dict[str, ArithmeticFile] = {
     "arithmetic": ArithmeticFile(split="train", n=20000, seed=0),
     "arithmetic-val": ArithmeticFile(split="val", n=200, seed=0),
     "arithmetic-sft": ArithmeticFile(split="train", n=20000, seed=1, kind="sft"),

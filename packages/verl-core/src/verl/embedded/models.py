@@ -1,4 +1,5 @@
-"""Embedded models: small Llama-style models (and a Qwen3-MoE) built locally from a seed, written as HF folders.
+"""Embedded models: small Llama-style models (a Qwen3-MoE, a Qwen2.5-VL) built locally from a seed, written as HF
+folders.
 
 `model.path: embedded:tiny-llama` in a recipe resolves, through `resolve_model_path`, to a folder in the
 cache (see `verl.embedded.cache`) that `AutoModelForCausalLM` / `AutoTokenizer.from_pretrained` load like
@@ -13,7 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig, PreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    GenerationConfig,
+    PreTrainedModel,
+)
 
 from verl.embedded.cache import (
     cache_root,
@@ -22,7 +29,7 @@ from verl.embedded.cache import (
     settings_hash,
 )
 from verl.embedded.specs import EMBEDDED_MODELS, EmbeddedModelSpec
-from verl.embedded.tokenizer import build_char_tokenizer
+from verl.embedded.tokenizer import IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START, build_char_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -41,18 +48,31 @@ def num_parameters(model: torch.nn.Module) -> int:
 def build_embedded_model(name: str) -> tuple[PreTrainedModel, Any]:
     """(model, tokenizer) for an embedded model, built in memory in float32 from the spec's seed."""
     spec = EMBEDDED_MODELS[parse_embedded(name)]
-    tokenizer = build_char_tokenizer(model_max_length=spec.settings.get("max_position_embeddings"))
-    config = AutoConfig.for_model(
-        spec.model_type,
-        **spec.settings,
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    tokenizer = build_char_tokenizer(spec.text_settings.get("max_position_embeddings"), vision=spec.vision)
+    ids = {
+        "vocab_size": len(tokenizer),
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    if spec.vision:  # the ids go to the text model; the vision tokens' to the model
+        token_ids = {
+            f"{what}_token_id": tokenizer.convert_tokens_to_ids(token)
+            for what, token in (
+                ("image", IMAGE_PAD),
+                ("video", VIDEO_PAD),
+                ("vision_start", VISION_START),
+                ("vision_end", VISION_END),
+            )
+        }
+        settings = {**spec.settings, "text_config": {**spec.text_settings, **ids}}
+        config = AutoConfig.for_model(spec.model_type, **settings, **token_ids)
+    else:
+        config = AutoConfig.for_model(spec.model_type, **spec.settings, **ids)
+    auto = AutoModelForImageTextToText if spec.vision else AutoModelForCausalLM
     with torch.random.fork_rng(devices=[]):  # seed the init without disturbing the caller's RNG
         torch.manual_seed(spec.seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+        model = auto.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -75,6 +95,10 @@ def materialize_embedded_model(name: str, cache_dir: str | os.PathLike | None = 
         model, tokenizer = build_embedded_model(name)
         model.save_pretrained(folder, safe_serialization=True)
         tokenizer.save_pretrained(folder)
+        if spec.vision:  # (the PIL image processor: transformers' default one needs torchvision)
+            from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+            Qwen2VLImageProcessorPil(**spec.image_processor).save_pretrained(folder)
         logger.info(
             "built embedded model %s: %d parameters, in %s",
             name,

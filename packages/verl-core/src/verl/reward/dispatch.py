@@ -30,6 +30,7 @@ DEFAULT_SCORERS = {
     "mbpp": "code_tests",
     "google-research-datasets/mbpp": "code_tests",
     "embedded/arithmetic": "arithmetic",
+    "embedded/shapes": "arithmetic",  # (the first line, exactly the count)
 }
 
 

@@ -41,6 +41,16 @@ def folder_experts(path: str) -> Optional[int]:
     return int(config.get("num_experts") or config.get("num_local_experts") or 0)
 
 
+def folder_vision_model(path: str) -> Optional[str]:
+    """The model type when the config.json in `path` declares a vision tower (a vision-language model), else None."""
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return str(config.get("model_type")) if config.get("vision_config") else None
+
+
 def checkpoint_tensors(model: Any, name: str, tensor: Any) -> Iterator[Tuple[str, Any]]:
     """One parameter of a transformers model as `save_pretrained` writes it, by transformers' own reverse
     conversion: most pass through as they are; a mixture of experts' fused experts (`mlp.experts.gate_up_proj`

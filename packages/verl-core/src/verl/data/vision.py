@@ -1,0 +1,127 @@
+"""Images in the data: a row's images decoded, its `<image>` placeholders turned into image parts of the chat, and
+the rendered prompt with its images turned into model inputs by the model's own image processor.
+
+The format is upstream verl's: an `images` column holding, per row, a list of images, each encoded bytes, a
+{"bytes": ..., "path": ...} dict (as Hugging Face datasets store images) or a path (absolute, or relative to the
+parquet file's folder); each `<image>` in the prompt's message contents marks where the next image goes. Inputs are
+Qwen2-VL style (`pixel_values` of patches, `image_grid_thw` per image, and each image's pad token repeated once per
+merged patch), computed the way transformers' Qwen2.5-VL processor computes them (a test holds the two equal).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from PIL import Image
+
+IMAGE_PLACEHOLDER = "<image>"
+IMAGES_FORMAT = "a list of images per row: encoded bytes, {'bytes': ..., 'path': ...} dicts, or file paths"
+
+
+def load_image(value: Any, path: str, row: int, k: int) -> Image.Image:
+    """Image `k` of `row` decoded as RGB, or an error naming the file, row and image and what was wrong."""
+    where = f"{path}: row {row}: image {k} of column 'images'"
+    if isinstance(value, dict):
+        value = value.get("bytes") if value.get("bytes") is not None else value.get("path")
+    if isinstance(value, str):
+        file = value if os.path.isabs(value) else os.path.join(os.path.dirname(os.path.abspath(path)), value)
+        if not os.path.isfile(file):
+            raise ValueError(f"{where}: no image file {file!r} (a relative path is read from the parquet's folder)")
+        value = open(file, "rb").read()
+    if not isinstance(value, (bytes, bytearray)):
+        raise ValueError(f"{where} must be {IMAGES_FORMAT}, got {type(value).__name__}")
+    try:
+        image = Image.open(io.BytesIO(value))
+        image.load()
+    except Exception as err:  # PIL raises several kinds for data it cannot read
+        raise ValueError(f"{where} cannot be decoded ({len(value)} bytes): {err}") from None
+    return image.convert("RGB")
+
+
+def row_images(value: Any, path: str, row: int) -> list[Image.Image]:
+    """The images of one row of the `images` column (None or an empty list: a row without images)."""
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{path}: row {row}: column 'images' must be {IMAGES_FORMAT}, got {type(value).__name__}")
+    return [load_image(v, path, row, k) for k, v in enumerate(value)]
+
+
+def image_messages(messages: list[dict[str, Any]], n_images: int, path: str, row: int) -> list[dict[str, Any]]:
+    """The conversation with each `<image>` in a content string made an image part ({"type": "image"}, the text
+    around it text parts); the placeholders must be as many as the row's images."""
+    found = sum(m["content"].count(IMAGE_PLACEHOLDER) for m in messages)
+    if found != n_images:
+        raise ValueError(
+            f"{path}: row {row}: the prompt has {found} {IMAGE_PLACEHOLDER} placeholder(s) and column 'images' "
+            f"holds {n_images} image(s); put one {IMAGE_PLACEHOLDER} in the message content where each image goes"
+        )
+    out = []
+    for m in messages:
+        if IMAGE_PLACEHOLDER not in m["content"]:
+            out.append(m)
+            continue
+        parts: list[dict[str, Any]] = []
+        for i, text in enumerate(m["content"].split(IMAGE_PLACEHOLDER)):
+            if i:
+                parts.append({"type": "image"})
+            if text:
+                parts.append({"type": "text", "text": text})
+        out.append({**m, "content": parts})
+    return out
+
+
+@dataclass
+class VisionProcessor:
+    """A vision-language model's tokenizer and image processor, as its processor would combine them."""
+
+    tokenizer: Any
+    image_processor: Any
+    image_token: str  # the pad token each image's merged patches replace (<|image_pad|>)
+
+    @property
+    def merge_size(self) -> int:
+        return int(self.image_processor.merge_size)
+
+    def image_tokens(self, image: Image.Image) -> int:
+        """How many pad tokens the image becomes (its merged patches), without processing its pixels."""
+        patches = self.image_processor.get_number_of_image_patches(image.height, image.width, {})
+        return int(patches) // self.merge_size**2
+
+    def widen(self, text: str, tokens_per_image: list[int]) -> str:
+        """The rendered prompt with its k-th image pad repeated tokens_per_image[k] times."""
+        parts = text.split(self.image_token)
+        if len(parts) - 1 != len(tokens_per_image):
+            raise ValueError(
+                f"the rendered prompt has {len(parts) - 1} {self.image_token} and {len(tokens_per_image)} images"
+            )
+        return parts[0] + "".join(self.image_token * n + p for n, p in zip(tokens_per_image, parts[1:]))
+
+    def pixels(self, images: list[Image.Image]) -> dict[str, torch.Tensor]:
+        """pixel_values [patches, channels * temporal * patch * patch] and image_grid_thw [images, 3]."""
+        out = self.image_processor(images=images, return_tensors="pt")
+        return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+
+    def __call__(self, text: str, images: list[Image.Image]) -> dict[str, Any]:
+        """input_ids (a list) of the rendered prompt with its images' pads widened, and the images' pixels."""
+        pixels = self.pixels(images) if images else {}
+        counts = [int(g.prod()) // self.merge_size**2 for g in pixels.get("image_grid_thw", [])]
+        ids = self.tokenizer(self.widen(text, counts), add_special_tokens=False)["input_ids"]
+        return {"input_ids": ids, **pixels}
+
+
+def load_vision_processor(model_dir: str, tokenizer: Any) -> VisionProcessor | None:
+    """The model's VisionProcessor when its folder has an image processor (preprocessor_config.json), else None."""
+    if not os.path.isfile(os.path.join(model_dir, "preprocessor_config.json")):
+        return None
+    from transformers import AutoImageProcessor
+
+    image_processor = AutoImageProcessor.from_pretrained(model_dir)
+    image_token = getattr(tokenizer, "image_token", None) or "<|image_pad|>"
+    if tokenizer.convert_tokens_to_ids(image_token) in (None, tokenizer.unk_token_id):
+        raise ValueError(f"{model_dir}: the tokenizer has no image token {image_token!r} for the image processor")
+    return VisionProcessor(tokenizer, image_processor, image_token)
