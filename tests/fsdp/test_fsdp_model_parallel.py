@@ -12,7 +12,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig
 
-from tests.support.fsdp_ranks import VOCAB, run_ranks
+from tests.support.fixtures import embedded_cache, tiny_vlm_dir  # noqa: F401
+from tests.support.fsdp_ranks import VOCAB, run_image_ranks, run_ranks
+from tests.support.image_batches import image_batch
 from tests.support.megatron_workers import random_model_dir
 from verl_fsdp.memory_model import state_bytes
 
@@ -85,6 +87,20 @@ def test_fsdp_over_tensor_parallel_on_four_ranks_equals_one(qwen3):
     assert [got[r]["info"] for r in range(4)] == [(0, 2, True), (0, 2, False), (1, 2, True), (1, 2, False)]
     for rank in range(4):
         torch.testing.assert_close(got[rank]["log_probs"], want["log_probs"], rtol=0, atol=1e-5)
+        assert got[rank]["metrics"]["grad_norm"] == pytest.approx(want["metrics"]["grad_norm"], rel=1e-5)
+        for name, expected in want["weights"].items():
+            torch.testing.assert_close(got[rank]["weights"][name], expected, rtol=0, atol=1e-6, msg=name)
+
+
+def test_image_prompts_on_two_data_parallel_ranks_equal_one(tiny_vlm_dir, embedded_cache):  # noqa: F811
+    """The tiny Qwen2.5-VL sharded over two ranks, each with half the rows (images and a text row): log-probs within
+    1e-5 and the step's weights within 1e-6 of one rank holding them all."""
+    batch = image_batch(tiny_vlm_dir, embedded_cache)
+    (want,) = run_image_ranks(1, tiny_vlm_dir, batch).values()
+    got = run_image_ranks(2, tiny_vlm_dir, batch)
+    log_probs = torch.cat([got[0]["log_probs"], got[1]["log_probs"]])
+    torch.testing.assert_close(log_probs, want["log_probs"], rtol=0, atol=1e-5)
+    for rank in (0, 1):
         assert got[rank]["metrics"]["grad_norm"] == pytest.approx(want["metrics"]["grad_norm"], rel=1e-5)
         for name, expected in want["weights"].items():
             torch.testing.assert_close(got[rank]["weights"][name], expected, rtol=0, atol=1e-6, msg=name)

@@ -74,14 +74,51 @@ def _member(
     dist.destroy_process_group()
 
 
+def _image_member(rank: int, port: int, world: int, path: str, batch_bytes: bytes, out) -> None:
+    """Data parallel over `world` ranks on image prompts: rank r takes the r-th equal share of the rows."""
+    import torch.distributed as dist
+
+    from verl.config.schema import OptimConfig
+    from verl.engine_protocol import EngineConfig
+    from verl_fsdp.engine import FSDPEngine
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    batch = torch.load(io.BytesIO(batch_bytes), weights_only=False)
+    mine = batch.chunk(world)[rank]
+    engine = FSDPEngine(
+        EngineConfig(model_path=path, total_steps=10, optim=OptimConfig(lr=1e-2, eps=1.0, weight_decay=0.0))
+    )
+    infer = engine.infer(mine, micro_batch_size=2, temperature=0.7, entropy=True)
+    metrics = engine.train_step(mine, _loss, micro_batch_size=2, temperature=0.7, entropy=True)
+    result = dict(log_probs=infer.batch["log_probs"], metrics=metrics, weights=dict(engine.weights()))
+    buffer = io.BytesIO()
+    torch.save(result, buffer)
+    out.put((rank, buffer.getvalue()))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_image_ranks(world: int, path: str, batch) -> dict:
+    """Each rank's log-probs, step metrics and weights ({rank: dict}) of an FSDP actor over `world` data-parallel
+    ranks on `batch` (rows with images: a vision-language model)."""
+    buffer = io.BytesIO()
+    torch.save(batch, buffer)
+    return _spawn(world, _image_member, (path, buffer.getvalue()))
+
+
 def run_ranks(world: int, path: str, parallel: dict, packed: bool, device: str = "cpu", ckpt: str = "") -> dict:
     """Each rank's outputs, step and state ({rank: dict}) of an actor and a critic over `world` ranks (`ckpt`: also
     save a checkpoint there, resume it in a new engine and say whether the next steps agree bitwise)."""
+    return _spawn(world, _member, (path, parallel, packed), (device, ckpt))
+
+
+def _spawn(world: int, target, args: tuple, after: tuple = ()) -> dict:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
-    args = (port, world, path, parallel, packed, out, device, ckpt)
-    procs = [ctx.Process(target=_member, args=(r, *args)) for r in range(world)]
+    procs = [ctx.Process(target=target, args=(r, port, world, *args, out, *after)) for r in range(world)]
     for p in procs:
         p.start()
     results = {}

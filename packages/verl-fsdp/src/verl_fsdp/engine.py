@@ -42,6 +42,7 @@ from verl_fsdp import dtensor_optim, sequence_parallel
 from verl_fsdp.lora import adapter_state, apply_lora, is_lora, merged_weights
 from verl_fsdp.model import build_model
 from verl_fsdp.parallelize import apply_fsdp, apply_tp, split_world
+from verl_fsdp.vision import vision_inputs
 
 LORA_ADAPTER_DIR = "lora_adapter"  # where export_hf writes a LoRA run's peft adapter folder
 
@@ -137,12 +138,15 @@ class FSDPEngine:
         b = mb.batch
         r = b["responses"].shape[1]
         labels = b["responses"].to(self.device)
-        pack = self._pack(b, r)
+        vision = vision_inputs(self.model, mb, self.device)
+        pack = self._pack(b, r) if vision is None else None  # (image rows: padded, their positions 3-D)
         padded = b["input_ids"].numel()
         self._tokens[0] += int(b["attention_mask"].sum())
         self._tokens[1] += padded
         self._tokens[2] += pack.tokens if pack is not None else padded
         impl = self.model.config._attn_implementation
+        if self.cp > 1 and vision is not None:
+            raise ValueError("image prompts on the fsdp engine run without context parallelism: set parallel.cp=1")
         if self.cp > 1:  # this rank's chunk of every row's positions (verl_fsdp.sequence_parallel)
             ids, pos = (pack.input_ids, pack.position_ids) if pack is not None else (b["input_ids"], b["position_ids"])
             allowed = pack.allowed if pack is not None else sequence_parallel.padded_rows_allowed(b["attention_mask"])
@@ -168,6 +172,7 @@ class FSDPEngine:
                 position_ids=b["position_ids"].to(self.device),
                 use_cache=False,
             )
+            kwargs.update(vision or {})  # (pixels, grids, and 3-D positions in place of the 1-D ones)
         return self._outputs(kwargs, pack, labels, r, temperature, entropy, entropy_grad)
 
     def _outputs(

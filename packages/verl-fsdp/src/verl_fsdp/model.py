@@ -1,9 +1,14 @@
-"""Build the Hugging Face module an FSDP engine trains: a causal LM, or the same trunk with a value head."""
+"""Build the Hugging Face module an FSDP engine trains: a causal LM (a vision-language model among them), or the same\ntrunk with a value head."""
 
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, PreTrainedModel
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoModelForTokenClassification,
+    PreTrainedModel,
+)
 
 from verl.engine_protocol import EngineConfig
 
@@ -13,7 +18,9 @@ def build_model(cfg: EngineConfig, dtype: torch.dtype) -> PreTrainedModel:
     hf_config = cfg.hf_config()
     kwargs = dict(config=hf_config, dtype=dtype, attn_implementation=cfg.attn_implementation)
     if cfg.kind == "causal_lm":
-        return AutoModelForCausalLM.from_pretrained(cfg.model_path, **kwargs)
+        vision = getattr(hf_config, "vision_config", None) is not None  # (a vision-language model: verl_fsdp.vision)
+        auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+        return auto.from_pretrained(cfg.model_path, **kwargs)
     if cfg.kind == "value":
         # A scalar per token; dropout off so values are a deterministic function of the weights.
         hf_config.num_labels = 1

@@ -1,0 +1,54 @@
+"""Vision-language models on the FSDP engine: a micro-batch's images as model inputs.
+
+Rows carry their images' processed pixels in the non-tensor column `multi_modal_inputs` (verl.data.vision: per row
+`pixel_values` and `image_grid_thw`, an empty dict for a text row). The model takes the pixels of all the rows'
+images in row order, their grids, and multimodal rotary positions (time, height, width: Qwen2-VL's mrope) in place
+of the 1-D positions, computed here by the model's own `get_rope_index` over the padded rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import torch
+
+from verl.protocol import DataProto
+
+
+def is_vision_model(config: Any) -> bool:
+    """Whether a Hugging Face config declares a vision tower (a vision-language model)."""
+    return getattr(config, "vision_config", None) is not None
+
+
+def _rope_index_owner(model: torch.nn.Module) -> Any:
+    """The module that computes the model's multimodal positions (inside peft's and FSDP's wrappers alike)."""
+    for m in model.modules():
+        if callable(getattr(type(m), "get_rope_index", None)):
+            return m
+    raise ValueError(f"{type(model).__name__} has no get_rope_index: its multimodal positions are not known here")
+
+
+def vision_inputs(model: torch.nn.Module, mb: DataProto, device: torch.device) -> Optional[Dict[str, torch.Tensor]]:
+    """pixel_values, image_grid_thw and position_ids [3, B, L] for a micro-batch with images; None without."""
+    rows = mb.non_tensor_batch.get("multi_modal_inputs")
+    if rows is None or not any(rows):
+        return None
+    with_images = [r for r in rows if r]
+    grid = torch.cat([r["image_grid_thw"] for r in with_images])
+    ids, mask = mb.batch["input_ids"], mb.batch["attention_mask"]
+    image_token = model.config.image_token_id
+    merge = model.config.vision_config.spatial_merge_size
+    tokens, expected = int((ids == image_token).sum()), int(grid.prod(-1).sum()) // merge**2
+    if tokens != expected:  # (the model would fail deep inside with a less helpful message)
+        raise ValueError(
+            f"the rows hold {tokens} image tokens and their images {expected} merged patches: an image token in a "
+            "response, or pixels that do not belong to these rows"
+        )
+    positions, _ = _rope_index_owner(model).get_rope_index(
+        ids, (ids == image_token).int(), image_grid_thw=grid, attention_mask=mask
+    )
+    return {
+        "pixel_values": torch.cat([r["pixel_values"] for r in with_images]).to(device),
+        "image_grid_thw": grid.to(device),
+        "position_ids": positions.to(device),
+    }
