@@ -12,6 +12,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from verl.data.vision import stacked_images
 from verl.protocol import DataProto
 
 
@@ -30,11 +31,10 @@ def _rope_index_owner(model: torch.nn.Module) -> Any:
 
 def vision_inputs(model: torch.nn.Module, mb: DataProto, device: torch.device) -> Optional[Dict[str, torch.Tensor]]:
     """pixel_values, image_grid_thw and position_ids [3, B, L] for a micro-batch with images; None without."""
-    rows = mb.non_tensor_batch.get("multi_modal_inputs")
-    if rows is None or not any(rows):
+    images = stacked_images(mb.non_tensor_batch.get("multi_modal_inputs"))
+    if images is None:
         return None
-    with_images = [r for r in rows if r]
-    grid = torch.cat([r["image_grid_thw"] for r in with_images])
+    grid = images["image_grid_thw"]
     ids, mask = mb.batch["input_ids"], mb.batch["attention_mask"]
     image_token = model.config.image_token_id
     merge = model.config.vision_config.spatial_merge_size
@@ -48,7 +48,7 @@ def vision_inputs(model: torch.nn.Module, mb: DataProto, device: torch.device) -
         ids, (ids == image_token).int(), image_grid_thw=grid, attention_mask=mask
     )
     return {
-        "pixel_values": torch.cat([r["pixel_values"] for r in with_images]).to(device),
+        "pixel_values": images["pixel_values"].to(device),
         "image_grid_thw": grid.to(device),
         "position_ids": positions.to(device),
     }

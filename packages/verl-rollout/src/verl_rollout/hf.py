@@ -13,7 +13,7 @@ import contextlib
 from typing import Any, Callable, ContextManager, Dict, Optional
 
 import torch
-from transformers import AutoModelForCausalLM, GenerationConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, GenerationConfig
 
 from verl.engine_protocol import (
     ROUTED_EXPERTS,
@@ -23,10 +23,11 @@ from verl.engine_protocol import (
     TrainEngine,
     Weights,
 )
+from verl.data.vision import stacked_images, vision_token_ids
 from verl.protocol import DataProto
 from verl.rollout_batch import assemble_rollout
 from verl.workers.weight_check import Fingerprint, Target, fingerprint
-from verl_rollout.hf_weights import target
+from verl_rollout.hf_weights import renames, target
 from verl_rollout.routes import RouteRecorder
 
 
@@ -49,12 +50,17 @@ class HFRollout:
         self.device = torch.device(settings.device)
         self.shared = module is not None
         if module is None:
-            module = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation="sdpa")
+            vision = getattr(AutoConfig.from_pretrained(model_path), "vision_config", None) is not None
+            auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+            module = auto.from_pretrained(model_path, dtype=torch.float32, attn_implementation="sdpa")
             module.to(self.device)
         self.module: Any = module  # (a transformers model: its generate is not in torch.nn.Module's type)
         self.gather = gather or contextlib.nullcontext
         self._released: Optional[dict] = None  # name -> shape of parameters released by sleep()
         self._meta: Optional[Dict[str, torch.Tensor]] = None  # the parameters on the meta device (fingerprint_key)
+        self._renamed: Optional[Dict[str, str]] = None  # checkpoint names of renamed parameters (hf_weights.renames)
+        # a vision-language model never samples its image markers (the actor counts them against the images)
+        self.suppress = vision_token_ids(module.config)
         # routing replay r3: the experts every token went to come back as a batch column
         self.recorder = RouteRecorder(module) if settings.routes else None
 
@@ -79,6 +85,8 @@ class HFRollout:
             return_dict_in_generate=True,
             output_logits=True,
         )
+        if self.suppress:  # (the log-probs stay the raw logits', as the actor computes them)
+            kwargs["suppress_tokens"] = self.suppress
         if sample:
             kwargs.update(
                 temperature=temperature,
@@ -109,15 +117,24 @@ class HFRollout:
         was_training = self.module.training
         self.module.eval()
         recording = self.recorder.recording() if self.recorder is not None else contextlib.nullcontext()
+        images = stacked_images(prompts.non_tensor_batch.get("multi_modal_inputs"))
+        extra: Dict[str, Any] = {}
+        if images is not None:  # the pixels of every sample's prompt; the model places them at its image tokens
+            extra = {k: v.to(self.device) for k, v in images.items()}
+            extra["mm_token_type_ids"] = (ids == self.module.config.image_token_id).int()
         with self.gather(), recording:
             # n samples of a prompt share its prefill: the KV cache of all but its last token is computed once
-            # and repeated n times; generate then starts from the last prompt token.
-            cache = self._prefill(unique_ids[:, :-1], unique_mask[:, :-1], n) if n > 1 and p > 1 else None
+            # and repeated n times; generate then starts from the last prompt token. (Not for image prompts: their
+            # positions are the model's own 3-D ones, set up by generate's first step.)
+            shared = n > 1 and p > 1 and images is None
+            cache = self._prefill(unique_ids[:, :-1], unique_mask[:, :-1], n) if shared else None
+            if cache is not None:
+                extra["cache"] = cache
             out = self.module.generate(
                 input_ids=ids,
                 attention_mask=mask,
                 generation_config=self._generation_config(temperature, width),
-                **({"cache": cache} if cache is not None else {}),
+                **extra,
             )
         self.module.train(was_training)
 
@@ -160,7 +177,7 @@ class HFRollout:
         params = {n: p.data for n, p in self.module.named_parameters()}
         moved, seen = 0, set()
         for name, tensor in weights:  # checkpoint names (a mixture of experts' land in fused parameters)
-            param, view = target(name, params)
+            param, view = target(name, params, self._renames())
             view.copy_(tensor.to(view.device, view.dtype))
             moved += tensor.numel() * tensor.element_size()
             seen.add(param)
@@ -176,8 +193,13 @@ class HFRollout:
             shapes = self._released or {n: p.shape for n, p in self.module.named_parameters()}
             dtypes = {n: p.dtype for n, p in self.module.named_parameters()}
             self._meta = {n: torch.empty(shapes[n], dtype=dtypes[n], device="meta") for n in dtypes}
-        param, view = target(name, self._meta)
+        param, view = target(name, self._meta, self._renames())
         return Target(param, view.dtype)
+
+    def _renames(self) -> Dict[str, str]:
+        if self._renamed is None:
+            self._renamed = renames(self.module)
+        return self._renamed
 
     def weight_fingerprints(self) -> Optional[Dict[str, Optional[Fingerprint]]]:
         """Each parameter's fingerprint; None for a shared module (the actor's own: a sync moves nothing)."""

@@ -4,24 +4,45 @@ Weights arrive under the names `save_pretrained` writes. For most models those a
 a mixture of experts is the exception: transformers (5.x) holds a layer's experts fused (`mlp.experts.gate_up_proj`
 [E, 2I, H], gate rows first, and `mlp.experts.down_proj` [E, H, I]) while checkpoints name each expert
 (Qwen3-MoE `mlp.experts.{e}.gate_proj.weight`; Mixtral `block_sparse_moe.experts.{e}.w1.weight`, w3 up, w2 down,
-and its router `block_sparse_moe.gate.weight`).
+and its router `block_sparse_moe.gate.weight`). A vision-language model renames whole prefixes: its checkpoint's
+`model.layers.*` and `visual.*` are the module's `model.language_model.layers.*` and `model.visual.*` (`renames`).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
-_EXPERT = re.compile(r"^(.*)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
+from verl.utils.hf_files import checkpoint_tensors
+
+_EXPERT = re.compile(
+    r"^(.*)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$"
+)
 _GATE, _UP = ("gate_proj", "w1"), ("up_proj", "w3")
 
 
-def target(name: str, params: Dict[str, torch.Tensor]) -> Tuple[str, torch.Tensor]:
-    """(parameter name, the view of it that checkpoint tensor `name` fills); KeyError when the model has none."""
+def renames(model: torch.nn.Module) -> Dict[str, str]:
+    """Checkpoint name -> parameter name, for the parameters saved under another name as they are (transformers'
+    own reverse conversion, run on meta tensors)."""
+    out = {}
+    for param, p in model.named_parameters():
+        names = [c for c, _ in checkpoint_tensors(model, param, torch.empty(p.shape, dtype=p.dtype, device="meta"))]
+        if len(names) == 1 and names[0] != param:
+            out[names[0]] = param
+    return out
+
+
+def target(
+    name: str, params: Dict[str, torch.Tensor], renamed: Optional[Dict[str, str]] = None
+) -> Tuple[str, torch.Tensor]:
+    """(parameter name, the view of it that checkpoint tensor `name` fills); KeyError when the model has none.
+    `renamed`: the model's `renames`."""
     if name in params:
         return name, params[name]
+    if renamed and name in renamed:
+        return renamed[name], params[renamed[name]]
     moe_name = name.replace(".block_sparse_moe.", ".mlp.")
     if moe_name in params:  # Mixtral's router
         return moe_name, params[moe_name]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from PIL import Image
@@ -112,6 +112,21 @@ class VisionProcessor:
         counts = [int(g.prod()) // self.merge_size**2 for g in pixels.get("image_grid_thw", [])]
         ids = self.tokenizer(self.widen(text, counts), add_special_tokens=False)["input_ids"]
         return {"input_ids": ids, **pixels}
+
+
+def stacked_images(rows: Optional[Sequence[Dict[str, Any]]]) -> Optional[Dict[str, torch.Tensor]]:
+    """pixel_values and image_grid_thw of a batch's rows (the `multi_modal_inputs` column: an empty dict for a text
+    row) concatenated in row order, as a vision-language model takes them; None when no row has images."""
+    with_images = [r for r in rows if r] if rows is not None else []
+    if not with_images:
+        return None
+    return {key: torch.cat([r[key] for r in with_images]) for key in ("pixel_values", "image_grid_thw")}
+
+
+def vision_token_ids(config: Any) -> List[int]:
+    """The ids of a vision-language model's image and video markers: the prompt's to place, never a response's."""
+    keys = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    return [int(getattr(config, k)) for k in keys if getattr(config, k, None) is not None]
 
 
 def load_vision_processor(model_dir: str, tokenizer: Any) -> VisionProcessor | None:
