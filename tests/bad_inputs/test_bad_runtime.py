@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.fixtures import embedded_cache  # noqa: F401
 from tests.support.run_configs import RECIPES, tiny_overrides
 from verl import cli
 
@@ -40,6 +41,26 @@ def test_bad_input_found_while_running_is_a_message(overrides, texts, tmp_path, 
     for text in texts:
         assert text in err, err
     assert "the run stopped before its first checkpoint" in err and "--debug" in err
+
+
+def test_an_undecodable_image_row_is_named(tmp_path, capsys, monkeypatch, embedded_cache):  # noqa: F811
+    """Image prompts for the embedded vision-language model, one row's image bytes not an image: exit 2 naming the
+    file, the row and the image."""
+    import pandas as pd
+
+    from verl.embedded.shapes import make_shapes_rows
+
+    monkeypatch.delenv("VERL_DEBUG", raising=False)
+    monkeypatch.setenv("VERL_CACHE", embedded_cache)
+    rows = make_shapes_rows(3, split="train")
+    rows[1]["images"] = [{"bytes": b"\x89PNG but not one"}]
+    data = str(tmp_path / "images.parquet")
+    pd.DataFrame(rows).to_parquet(data)
+    overrides = ["model.path=embedded:tiny-qwen2.5-vl", f"data.train_files=[{data}]", "trainer.controller=local"]
+    code = cli.main(["train", str(RECIPES / "grpo_tiny.yaml"), *tiny_overrides(str(tmp_path / "run"), 1), *overrides])
+    out, err = capsys.readouterr()
+    assert code == 2 and "Traceback" not in out + err, err
+    assert f"{data}: row 1: image 0 of column 'images' cannot be decoded" in err, err
 
 
 def test_a_weight_sync_that_changes_a_tensor_stops_the_run(tmp_path, capsys, monkeypatch):

@@ -247,13 +247,27 @@ def test_the_embedded_mixture_of_experts_takes_expert_parallelism():
     assert p.key == "actor.parallel.ep" and "does not divide" in p.message
 
 
-def test_a_vision_language_model_is_refused_by_name(tmp_path):
-    """The embedded tiny Qwen2.5-VL (from its spec) and a folder whose config.json has a vision tower."""
-    p = only(check({"model": {"path": "embedded:tiny-qwen2.5-vl"}}))
-    assert p.key == "model.path" and "vision-language model (qwen2_5_vl)" in p.message
+def test_a_vision_language_model_trains_on_fsdp_with_the_hf_rollout_and_nothing_else(tmp_path):
+    """The embedded tiny Qwen2.5-VL (read from its spec), and a folder whose config.json has a vision tower."""
+    vlm = {"model": {"path": "embedded:tiny-qwen2.5-vl"}}
+    assert not errors(check(vlm))
+    p = only(check(MEGATRON8, vlm))
+    assert (
+        p.key == "actor.backend"
+        and "vision-language model (qwen2_5_vl)" in p.message
+        and p.fix == "set actor.backend=fsdp"
+    )
     (tmp_path / "config.json").write_text('{"model_type": "qwen2_vl", "vision_config": {"depth": 32}}')
-    p = only(check({"model": {"path": str(tmp_path)}}))
-    assert p.key == "model.path" and "(qwen2_vl)" in p.message
+    folder = {"model": {"path": str(tmp_path)}}
+    assert not errors(check(folder))
+    refused = {
+        "rollout.backend": {"rollout": {"backend": "vllm"}},
+        "trainer.mode": {"trainer": {"mode": "one_step_off"}},
+        "actor.lora.rank": {"actor": {"lora": {"rank": 8}}},
+        "critic.enable": {"algorithm": {"adv_estimator": "gae"}, "critic": {"enable": True}},
+    }
+    for key, update in refused.items():
+        assert key in {p.key for p in errors(check(folder, update, strict=False))}, key
 
 
 def test_the_load_balancing_loss_is_megatrons_and_for_mixtures_of_experts():

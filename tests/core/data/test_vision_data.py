@@ -133,3 +133,17 @@ def test_image_rows_without_a_processor_say_what_they_need(tmp_path, vlm):
 
 def test_a_text_model_has_no_vision_processor(tiny_model_dir, char_tokenizer):
     assert load_vision_processor(tiny_model_dir, char_tokenizer) is None
+
+
+def test_sft_and_preference_data_with_images_are_refused_not_read_as_text(tmp_path, char_tokenizer):
+    from verl.data.preference_dataset import PreferenceDataset
+    from verl.data.sft_dataset import SFTDataset
+
+    image = [{"bytes": _png()}]
+    sft = _write(tmp_path, [{"prompt": "<image>How many?", "response": "1", "images": image}], "sft.parquet")
+    with pytest.raises(ValueError, match=r"sft.parquet: column 'images' holds images, and this data set reads text"):
+        SFTDataset([sft], char_tokenizer, max_length=32)
+    pairs = [{"prompt": "<image>How many?", "chosen": "1", "rejected": "2", "images": image}]
+    path = _write(tmp_path, pairs, "pairs.parquet")
+    with pytest.raises(ValueError, match=r"pairs.parquet: column 'images' holds images"):
+        PreferenceDataset([path], char_tokenizer, max_prompt_length=32, max_response_length=8)

@@ -36,8 +36,8 @@ def vision_inputs(model: torch.nn.Module, mb: DataProto, device: torch.device) -
         return None
     grid = images["image_grid_thw"]
     ids, mask = mb.batch["input_ids"], mb.batch["attention_mask"]
-    image_token = model.config.image_token_id
-    merge = model.config.vision_config.spatial_merge_size
+    config: Any = model.config  # (a transformers model's)
+    image_token, merge = config.image_token_id, config.vision_config.spatial_merge_size
     tokens, expected = int((ids == image_token).sum()), int(grid.prod(-1).sum()) // merge**2
     if tokens != expected:  # (the model would fail deep inside with a less helpful message)
         raise ValueError(

@@ -15,6 +15,7 @@ from typing import Any, Callable, ContextManager, Dict, Optional
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, GenerationConfig
 
+from verl.data.vision import stacked_images, vision_token_ids
 from verl.engine_protocol import (
     ROUTED_EXPERTS,
     CheckedRolloutEngine,
@@ -23,7 +24,6 @@ from verl.engine_protocol import (
     TrainEngine,
     Weights,
 )
-from verl.data.vision import stacked_images, vision_token_ids
 from verl.protocol import DataProto
 from verl.rollout_batch import assemble_rollout
 from verl.workers.weight_check import Fingerprint, Target, fingerprint
@@ -124,9 +124,13 @@ class HFRollout:
             extra["mm_token_type_ids"] = (ids == self.module.config.image_token_id).int()
         with self.gather(), recording:
             # n samples of a prompt share its prefill: the KV cache of all but its last token is computed once
-            # and repeated n times; generate then starts from the last prompt token. (Not for image prompts: their
-            # positions are the model's own 3-D ones, set up by generate's first step.)
-            shared = n > 1 and p > 1 and images is None
+            # and repeated n times; generate then starts from the last prompt token. (Not for a vision-language
+            # model: its positions are its own 3-D ones, set up by generate's first step.)
+            shared = n > 1 and p > 1 and not self.suppress  # (a vision-language model: generate sets them up)
+            if self.suppress:  # its model keeps the last call's position offsets, for that call's rows only
+                for m in self.module.modules():
+                    if getattr(m, "rope_deltas", None) is not None:
+                        m.rope_deltas = None
             cache = self._prefill(unique_ids[:, :-1], unique_mask[:, :-1], n) if shared else None
             if cache is not None:
                 extra["cache"] = cache

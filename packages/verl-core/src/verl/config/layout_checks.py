@@ -387,12 +387,34 @@ def model_vision_type(cfg: Any) -> Optional[str]:
 
 
 def check_vision_model(ctx: Context) -> List[ConfigProblem]:
-    """Vision-language models are read (data, processor, the embedded tiny-qwen2.5-vl) but not yet trained."""
+    """What a vision-language model trains with: the fsdp actor (data parallel) and the hf rollout, synchronous, one
+    completion per sample, no critic or LoRA; each other choice refused at its key."""
     kind = model_vision_type(ctx.cfg)
     if kind is None:
         return []
-    why = f"is a vision-language model ({kind}), and the trainer does not train vision-language models yet"
-    return [error_at("model.path", why, "use a text model (a causal LM)")]
+    cfg, vlm = ctx.cfg, f"a vision-language model ({kind})"
+    limits = [  # (key, what it must be, why not otherwise)
+        ("actor.backend", "fsdp", "megatron-core's multimodal model is not wired to the megatron engine"),
+        ("rollout.backend", "hf", "the vllm and sglang rollouts take no images here"),
+        ("actor.parallel.tp", 1, "tensor parallel plans cover text decoders only"),
+        ("actor.parallel.cp", 1, "sequence parallelism splits 1-D positions, and image rows have 3-D ones"),
+        ("trainer.mode", "sync", "the rollout service takes token requests without pixels"),
+        ("rollout.agent.loop", None, "agent loops send token requests without pixels"),
+        ("actor.lora.rank", 0, "LoRA targets are chosen for text decoders"),
+    ]
+    problems = []
+    for key, wanted, why in limits:
+        got = value(cfg, key)
+        if got != wanted and not (wanted == 1 and got is None):
+            problems.append(
+                error_at(key, f"is {got!r}, and {vlm} trains with {key}={wanted}: {why}", f"set {key}={wanted}")
+            )
+    if "critic" in ctx.draft.roles:
+        why = f"is on, and {vlm} has no value model (values need a critic that reads images)"
+        problems.append(
+            error_at("critic.enable", why, "set critic.enable=false with an estimator without values (grpo)")
+        )
+    return problems
 
 
 def _routing_replay_problems(ctx: Context, experts: Optional[int]) -> List[ConfigProblem]:

@@ -15,16 +15,22 @@ from verl.data.sft_dataset import SFTDataset, collate_sft_batch
 
 
 def make_rl_dataset(
-    data: Any, files: list[str], tokenizer: Any, cache_dir: str | os.PathLike | None = None, tools: Any = None
+    data: Any,
+    files: list[str],
+    tokenizer: Any,
+    cache_dir: str | os.PathLike | None = None,
+    tools: Any = None,
+    processor: Any = None,
 ) -> Any:
     """RLDataset over `files`, or the class `data.dataset` names (called with the same arguments; `tools`, the
-    agent's tool schemas for the chat template, only when there are some)."""
+    agent's tool schemas for the chat template, and `processor`, a vision-language model's, only when given)."""
     kwargs = {
         "prompt_key": data.prompt_key,
         "max_prompt_length": data.max_prompt_length,
         "filter_overlong_prompts": data.filter_overlong_prompts,
         "cache_dir": cache_dir,
         **({"tools": tools} if tools else {}),
+        **({"processor": processor} if processor is not None else {}),
     }
     if getattr(data, "dataset", None):
         return instantiate(data.dataset, list(files), tokenizer, key="data.dataset", **kwargs)
@@ -32,7 +38,13 @@ def make_rl_dataset(
 
 
 def make_rl_dataloaders(
-    data: Any, tokenizer: Any, *, seed: int, cache_dir: str | os.PathLike | None = None, tools: Any = None
+    data: Any,
+    tokenizer: Any,
+    *,
+    seed: int,
+    cache_dir: str | os.PathLike | None = None,
+    tools: Any = None,
+    processor: Any = None,
 ) -> tuple[DataLoader, DataLoader | None]:
     """(train loader, val loader or None when data.val_files is empty).
 
@@ -41,21 +53,27 @@ def make_rl_dataloaders(
     in file order with the last partial batch kept.
     """
     collate = functools.partial(collate_rl, tokenizer=tokenizer, max_prompt_length=data.max_prompt_length)
-    train = make_rl_dataset(data, data.train_files, tokenizer, cache_dir, tools)
+    train = make_rl_dataset(data, data.train_files, tokenizer, cache_dir, tools, processor)
     train_sampler = ResumableSampler(len(train), batch_size=data.train_batch_size, shuffle=data.shuffle, seed=seed)
     return DataLoader(train, train_sampler, collate), make_val_loader(
-        data, tokenizer, seed=seed, cache_dir=cache_dir, tools=tools
+        data, tokenizer, seed=seed, cache_dir=cache_dir, tools=tools, processor=processor
     )
 
 
 def make_val_loader(
-    data: Any, tokenizer: Any, *, seed: int, cache_dir: str | os.PathLike | None = None, tools: Any = None
+    data: Any,
+    tokenizer: Any,
+    *,
+    seed: int,
+    cache_dir: str | os.PathLike | None = None,
+    tools: Any = None,
+    processor: Any = None,
 ) -> DataLoader | None:
     """The held-out prompts of data.val_files (None when empty), in file order, the last partial batch kept."""
     if not data.val_files:
         return None
     collate = functools.partial(collate_rl, tokenizer=tokenizer, max_prompt_length=data.max_prompt_length)
-    val = make_rl_dataset(data, data.val_files, tokenizer, cache_dir, tools)
+    val = make_rl_dataset(data, data.val_files, tokenizer, cache_dir, tools, processor)
     val_sampler = ResumableSampler(
         len(val), batch_size=data.val_batch_size or len(val), shuffle=False, seed=seed, drop_last=False
     )

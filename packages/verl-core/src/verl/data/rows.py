@@ -26,6 +26,12 @@ def read_columns(path: str, required: Mapping[str, str], optional: tuple[str, ..
     for name, expected in required.items():
         if name not in columns:
             raise ValueError(f"{path}: missing column {name!r}, expected {expected}; the file has columns {columns}")
+    if "images" in columns and "images" not in optional:  # (not dropped in silence: the rows would lose them)
+        raise ValueError(
+            f"{path}: column 'images' holds images, and this data set reads text only (images are read from RL "
+            "prompt data: data.train_files and data.val_files of a GRPO or PPO run); drop the column to train on "
+            "the text alone"
+        )
     wanted = list(required) + [c for c in optional if c in columns and c not in required]
     table = pq.read_table(path, columns=wanted)
     return {name: table.column(name).to_pylist() for name in wanted}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 from PIL import Image
@@ -114,7 +114,7 @@ class VisionProcessor:
         return {"input_ids": ids, **pixels}
 
 
-def stacked_images(rows: Optional[Sequence[Dict[str, Any]]]) -> Optional[Dict[str, torch.Tensor]]:
+def stacked_images(rows: Optional[Iterable[Dict[str, Any]]]) -> Optional[Dict[str, torch.Tensor]]:
     """pixel_values and image_grid_thw of a batch's rows (the `multi_modal_inputs` column: an empty dict for a text
     row) concatenated in row order, as a vision-language model takes them; None when no row has images."""
     with_images = [r for r in rows if r] if rows is not None else []

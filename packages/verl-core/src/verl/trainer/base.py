@@ -24,6 +24,7 @@ from verl.config.plan import Plan
 from verl.config.resolve import resolve_config
 from verl.config.schema import VerlConfig
 from verl.controller import init_ray, shutdown_ray
+from verl.data.vision import load_vision_processor
 from verl.protocol import DataProto
 from verl.reward import make_reward_manager
 from verl.reward.server_scores import ServerScores, start_reward_server
@@ -103,6 +104,8 @@ class Trainer:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or self.model_path)
+        # a vision-language model's image processor reads image prompts (None for a text model)
+        self.processor = load_vision_processor(self.model_path, self.tokenizer)
         self.plan = plan  # (its total steps are known once the data is read, below)
         self.train_loader, self.val_loader = self.make_loaders()
         total_steps = cfg.trainer.total_steps or len(self.train_loader) * cfg.trainer.total_epochs

@@ -27,7 +27,7 @@ from verl.trainer.shaping import first_groups, groups_per_share, informative_gro
 from verl.trainer.timer import StageTimer
 from verl.trainer.validation import held_out_metrics
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
-from verl.workers.columns import CRITIC_UPDATE, actor_update_columns, log_prob_inputs
+from verl.workers.columns import CRITIC_UPDATE, actor_update_columns, log_prob_inputs, model_non_tensors
 from verl.workers.critic import CriticWorker
 
 
@@ -60,7 +60,7 @@ class PPOTrainer(Trainer):
         """(train loader, val loader or None): the prompts of data.train_files and data.val_files (rendered with
         the agent loop's tools, when rollout.agent.loop names one)."""
         self.agents = make_agents(self.cfg, self.plan, self.tokenizer)  # (None without one)
-        return prompt_loaders(self.cfg, self.tokenizer, self.agents)
+        return prompt_loaders(self.cfg, self.tokenizer, self.agents, self.processor)
 
     # ---- the stages of one step ---------------------------------------------------------------------
     def add_greedy_baselines(self, prompts: DataProto, batch: DataProto) -> None:
@@ -116,7 +116,7 @@ class PPOTrainer(Trainer):
     def compute_log_probs(self, batch: DataProto) -> DataProto:
         """Old (and reference) log-probs in one call to the actor's workers (old ones only when the plan
         recomputes them); values from the critic's."""
-        inputs = batch.select(log_prob_inputs(self.cfg), [])
+        inputs = batch.select(log_prob_inputs(self.cfg), model_non_tensors(batch))
         if any(r.name in ("actor", "ref") for r in self.plan.log_prob_passes):
             batch = batch.union(self.workers.actor_rollout.call(ActorRolloutRefWorker.compute_log_probs, inputs))
         if self.workers.critic is not None:
@@ -157,7 +157,8 @@ class PPOTrainer(Trainer):
             metrics.update(
                 mean_over_ranks(self.workers.critic.call(CriticWorker.update_critic, batch.select(CRITIC_UPDATE, [])))
             )
-        actor_batch = batch.select(actor_update_columns(self.cfg, self.plan.old_log_probs == "recompute"), [])
+        update = actor_update_columns(self.cfg, self.plan.old_log_probs == "recompute")
+        actor_batch = batch.select(update, model_non_tensors(batch))
         call = self.workers.actor_rollout.call
         metrics.update(
             mean_over_ranks(call(ActorRolloutRefWorker.update_actor, actor_batch, entropy=self.entropy_due()))

@@ -33,7 +33,7 @@ from verl.trainer.batch_state import PendingRollout, batch_from_state, batch_sta
 from verl.trainer.rollout_client import RolloutClient
 from verl.trainer.timer import StageTimer
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
-from verl.workers.columns import PROMPTS
+from verl.workers.columns import PROMPTS, model_non_tensors
 from verl.workers.rollout import RolloutWorker
 
 Metrics = Dict[str, float]
@@ -72,7 +72,8 @@ class RolloutSource(Protocol):
 
 class WorkerSampler:
     """Samples on the workers that generate: the rollout's own pool when it has one, else the actor's workers.
-    Only the prompt tensors travel to the workers; the text columns stay here and are repeated alongside."""
+    Only the prompt tensors (and images) travel to the workers; the text columns stay here and are repeated
+    alongside."""
 
     def __init__(self, workers: Any):
         self.group, self.method = (
@@ -84,8 +85,9 @@ class WorkerSampler:
 
     def submit(self, prompts: DataProto, n: int, temperature: Optional[float] = None) -> Callable[[], DataProto]:
         """Start sampling n responses per prompt (samples of a prompt adjacent); returns what waits for them."""
-        call = self.group.submit(self.method, prompts.select(PROMPTS, []), n=n, temperature=temperature)
-        text = prompts.select([], None).repeat(n, interleave=True)
+        images = model_non_tensors(prompts)  # (they travel with the prompts, and come back in the rollout's batch)
+        call = self.group.submit(self.method, prompts.select(PROMPTS, images), n=n, temperature=temperature)
+        text = prompts.select([], [k for k in prompts.non_tensor_batch if k not in images]).repeat(n, interleave=True)
 
         def finish() -> DataProto:
             out = call.result()
@@ -351,11 +353,13 @@ class ServiceRollouts(_Source):
         self.scheduler.close()
 
 
-def prompt_loaders(cfg: VerlConfig, tokenizer: Any, agents: Optional[AgentRollouts] = None) -> Tuple[Any, Any]:
+def prompt_loaders(
+    cfg: VerlConfig, tokenizer: Any, agents: Optional[AgentRollouts] = None, processor: Any = None
+) -> Tuple[Any, Any]:
     """(train loader, val loader or None): the prompts of data.train_files and data.val_files, rendered with the
-    agent loop's tool schemas when `agents` is given."""
+    agent loop's tool schemas when `agents` is given, their images read by a vision-language model's `processor`."""
     tools = agents.runner.tool_schemas if agents is not None else None
-    return make_rl_dataloaders(cfg.data, tokenizer, seed=cfg.trainer.seed, tools=tools)
+    return make_rl_dataloaders(cfg.data, tokenizer, seed=cfg.trainer.seed, tools=tools, processor=processor)
 
 
 def make_agents(cfg: VerlConfig, plan: Plan, tokenizer: Any) -> Optional[AgentRollouts]:

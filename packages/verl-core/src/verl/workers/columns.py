@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Any, Tuple
 
 from verl.config.schema import VerlConfig
 from verl.engine_protocol import ROUTED_EXPERTS
@@ -10,6 +10,14 @@ from verl.engine_protocol import ROUTED_EXPERTS
 # What every engine forward reads (see verl.engine_protocol for the layout).
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
 PROMPTS = ("input_ids", "attention_mask", "position_ids")
+# Non-tensor columns that are model inputs too, shipped with the tensors when a batch has them: a vision-language
+# model's images, per row (verl.data.vision).
+MODEL_NON_TENSORS = ("multi_modal_inputs",)
+
+
+def model_non_tensors(batch: Any) -> Tuple[str, ...]:
+    """The MODEL_NON_TENSORS columns `batch` (a DataProto) has."""
+    return tuple(k for k in MODEL_NON_TENSORS if k in batch.non_tensor_batch)
 
 
 def replayed_routes(cfg: VerlConfig) -> Tuple[str, ...]:
