@@ -135,15 +135,29 @@ def test_a_text_model_has_no_vision_processor(tiny_model_dir, char_tokenizer):
     assert load_vision_processor(tiny_model_dir, char_tokenizer) is None
 
 
-def test_sft_and_preference_data_with_images_are_refused_not_read_as_text(tmp_path, char_tokenizer):
-    from verl.data.preference_dataset import PreferenceDataset
-    from verl.data.sft_dataset import SFTDataset
+def test_sft_examples_with_images_learn_the_response_only(vlm, embedded_cache, tmp_path):
+    from verl.data.sft_dataset import SFTDataset, collate_sft_batch
 
-    image = [{"bytes": _png()}]
-    sft = _write(tmp_path, [{"prompt": "<image>How many?", "response": "1", "images": image}], "sft.parquet")
-    with pytest.raises(ValueError, match=r"sft.parquet: column 'images' holds images, and this data set reads text"):
-        SFTDataset([sft], char_tokenizer, max_length=32)
-    pairs = [{"prompt": "<image>How many?", "chosen": "1", "rejected": "2", "images": image}]
+    tokenizer, processor = vlm
+    data = SFTDataset(["embedded:shapes-sft"], tokenizer, max_length=32, processor=processor, cache_dir=embedded_cache)
+    assert len(data) == 4000
+    item = data[0]
+    pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    assert int((item["input_ids"] == pad).sum()) == 4 and item["loss_mask"].sum() == 2  # the count and <eos>
+    assert item["multi_modal_inputs"]["image_grid_thw"].tolist() == [[1, 4, 4]]
+    batch = collate_sft_batch([data[0], data[1]], tokenizer.pad_token_id)
+    assert len(batch.non_tensor_batch["multi_modal_inputs"]) == 2
+    rows = [
+        {"prompt": [{"role": "user", "content": "<image>How many?"}], "response": "1", "images": [{"bytes": _png()}]}
+    ]
+    with pytest.raises(ValueError, match=r"sft.parquet: column 'images' holds images, and image prompts need a vision"):
+        SFTDataset([_write(tmp_path, rows, "sft.parquet")], tokenizer, max_length=32)
+
+
+def test_preference_data_with_images_is_refused_not_read_as_text(tmp_path, char_tokenizer):
+    from verl.data.preference_dataset import PreferenceDataset
+
+    pairs = [{"prompt": "<image>How many?", "chosen": "1", "rejected": "2", "images": [{"bytes": _png()}]}]
     path = _write(tmp_path, pairs, "pairs.parquet")
-    with pytest.raises(ValueError, match=r"pairs.parquet: column 'images' holds images"):
+    with pytest.raises(ValueError, match=r"pairs.parquet: column 'images' holds images, and this data set reads text"):
         PreferenceDataset([path], char_tokenizer, max_prompt_length=32, max_response_length=8)

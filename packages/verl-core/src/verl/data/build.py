@@ -89,10 +89,12 @@ def make_sft_loader(
     batch_size: int | None,
     train: bool,
     cache_dir: str | os.PathLike | None = None,
+    processor: Any = None,
 ) -> DataLoader:
     """SFT examples of `files` (prompt/response or messages) in the engine's layout, up to data.max_prompt_length +
-    data.max_response_length tokens each. train: shuffled (data.shuffle), whole batches; else in file order, the
-    last partial batch kept, `batch_size` None for all at once."""
+    data.max_response_length tokens each (`processor`: a vision-language model's, for examples with images). train:
+    shuffled (data.shuffle), whole batches; else in file order, the last partial batch kept, `batch_size` None for
+    all at once."""
     examples = SFTDataset(
         list(files),
         tokenizer,
@@ -100,6 +102,7 @@ def make_sft_loader(
         prompt_key=data.prompt_key,
         filter_overlong=data.filter_overlong_prompts,
         cache_dir=cache_dir,
+        processor=processor,
     )
     sampler = ResumableSampler(
         len(examples),

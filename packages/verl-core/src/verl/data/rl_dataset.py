@@ -18,7 +18,7 @@ from verl.data.prompt_cache import cached_prompts
 from verl.data.rows import MESSAGES_FORMAT, check_messages, read_columns, render_prompts, warn_dropped
 from verl.data.sample_tools import row_tool_kwargs, row_tools
 from verl.data.sources import resolve_data_files
-from verl.data.vision import VisionProcessor, image_messages, row_images
+from verl.data.vision import VisionProcessor, image_prompt, row_images
 from verl.embedded.cache import settings_hash
 from verl.protocol import DataProto
 
@@ -125,22 +125,12 @@ class RLDataset:
     def _image_prompts(
         self, path: str, tokenizer: Any, conversations: list, images: list
     ) -> tuple[list[str], list[list[int]], list]:
-        """Texts (each image one pad token), token ids (each image's pad widened to its merged patches) and the
-        conversations with image parts, of a file with images; each image decoded once here to check it."""
-        if self.processor is None:
-            raise ValueError(
-                f"{path}: column 'images' holds images, and image prompts need a vision-language model's processor "
-                "(RLDataset(processor=verl.data.vision.load_vision_processor(model_dir, tokenizer)))"
-            )
-        texts, ids, parted = [], [], []
-        for i, (conversation, value) in enumerate(zip(conversations, images)):
-            decoded = row_images(value, path, i)
-            parted.append(image_messages(conversation, len(decoded), path, i))
-            (text,) = render_prompts(tokenizer, [parted[-1]], self.tools)
-            widened = self.processor.widen(text, [self.processor.image_tokens(im) for im in decoded])
-            texts.append(text)
-            ids.append(tokenizer(widened, add_special_tokens=False)["input_ids"])
-        return texts, ids, parted
+        """Texts, token ids and conversations with image parts of a file with images (verl.data.vision)."""
+        rows = [
+            image_prompt(self.processor, tokenizer, c, v, path, i, self.tools)
+            for i, (c, v) in enumerate(zip(conversations, images))
+        ]
+        return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
 
     def __len__(self) -> int:
         return len(self.rows)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 from PIL import Image
@@ -127,6 +127,31 @@ def vision_token_ids(config: Any) -> List[int]:
     """The ids of a vision-language model's image and video markers: the prompt's to place, never a response's."""
     keys = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
     return [int(getattr(config, k)) for k in keys if getattr(config, k, None) is not None]
+
+
+def image_prompt(
+    processor: Optional[VisionProcessor],
+    tokenizer: Any,
+    conversation: List[Dict[str, Any]],
+    images: Any,
+    path: str,
+    row: int,
+    tools: Any = None,
+) -> Tuple[str, List[int], List[Dict[str, Any]]]:
+    """One row of a file with images: its prompt text (one pad token per image), token ids (each image's pad
+    widened to its merged patches) and the conversation with image parts; its images decoded once to check them."""
+    from verl.data.rows import render_prompts
+
+    if processor is None:
+        raise ValueError(
+            f"{path}: column 'images' holds images, and image prompts need a vision-language model's processor "
+            "(model.path a vision-language model; in code, processor=verl.data.vision.load_vision_processor(...))"
+        )
+    decoded = row_images(images, path, row)
+    parted = image_messages(conversation, len(decoded), path, row)
+    (text,) = render_prompts(tokenizer, [parted], tools)
+    widened = processor.widen(text, [processor.image_tokens(im) for im in decoded])
+    return text, tokenizer(widened, add_special_tokens=False)["input_ids"], parted
 
 
 def load_vision_processor(model_dir: str, tokenizer: Any) -> VisionProcessor | None:

@@ -53,19 +53,24 @@ def png_bytes(image: Image.Image) -> bytes:
     return out.getvalue()
 
 
-def make_shapes_rows(n: int, *, split: str, seed: int = 0) -> list[dict[str, Any]]:
-    """`n` RL rows of the counting task: data_source, prompt, images, ability, reward_model, extra_info."""
+def make_shapes_rows(n: int, *, split: str, seed: int = 0, kind: str = "rl") -> list[dict[str, Any]]:
+    """`n` rows of the counting task: RL rows (data_source, prompt, images, ability, reward_model, extra_info), or
+    with kind="sft" worked examples (prompt, images, response: the count)."""
     if split not in SPLIT_SEEDS:
         raise ValueError(f"split must be one of {sorted(SPLIT_SEEDS)}, got {split!r}")
     rng = np.random.default_rng([SPLIT_SEEDS[split], seed])
     rows = []
     for i in range(n):
         count = int(rng.integers(1, MAX_SHAPES + 1))
+        prompt, images = [{"role": "user", "content": QUESTION}], [{"bytes": png_bytes(draw_shapes(rng, count))}]
+        if kind == "sft":
+            rows.append({"prompt": prompt, "images": images, "response": str(count)})
+            continue
         rows.append(
             {
                 "data_source": DATA_SOURCE,
-                "prompt": [{"role": "user", "content": QUESTION}],
-                "images": [{"bytes": png_bytes(draw_shapes(rng, count))}],
+                "prompt": prompt,
+                "images": images,
                 "ability": "vision",
                 "reward_model": {"style": "rule", "ground_truth": str(count)},
                 "extra_info": {"split": split, "index": i},
@@ -81,18 +86,20 @@ class ShapesFile:
     split: str
     n: int
     seed: int = 0
+    kind: str = "rl"  # rl | sft
 
     def path(self, cache_dir: str | os.PathLike | None) -> Path:
         key = {"format": FORMAT_VERSION, "size": SIZE, **asdict(self)}
-        return cache_root(cache_dir) / "data" / f"shapes-{self.split}-{settings_hash(key)}.parquet"
+        return cache_root(cache_dir) / "data" / f"shapes-{self.kind}-{self.split}-{settings_hash(key)}.parquet"
 
     def materialize(self, cache_dir: str | os.PathLike | None = None) -> str:
         """The file's path, written on first use."""
-        rows = lambda: make_shapes_rows(self.n, split=self.split, seed=self.seed)  # noqa: E731
+        rows = lambda: make_shapes_rows(self.n, split=self.split, seed=self.seed, kind=self.kind)  # noqa: E731
         return str(cached_file(self.path(cache_dir), lambda tmp: pq.write_table(pa.Table.from_pylist(rows()), tmp)))
 
 
 SHAPES_DATASETS: dict[str, ShapesFile] = {
     "shapes": ShapesFile(split="train", n=4000),
     "shapes-val": ShapesFile(split="val", n=200),
+    "shapes-sft": ShapesFile(split="train", n=4000, seed=1, kind="sft"),  # worked examples for a warm start
 }

@@ -20,7 +20,7 @@ from verl.trainer.base import Trainer, mean_over_ranks, pad_to_multiple
 from verl.trainer.registry import TRAINERS
 from verl.trainer.timer import StageTimer
 from verl.workers.actor_rollout_ref import ActorRolloutRefWorker
-from verl.workers.columns import MODEL_INPUTS
+from verl.workers.columns import MODEL_INPUTS, model_non_tensors
 
 SFT_UPDATE = MODEL_INPUTS + ("response_mask",)
 # Near 0, a token's log-prob is ~0 when it is the argmax and < -log 2 when another token's logit is higher.
@@ -46,12 +46,14 @@ class SFTTrainer(Trainer):
     def make_loaders(self) -> Tuple[Any, Any]:
         """Examples of data.train_files (data.train_batch_size a step) and of data.val_files (data.val_batch_size
         at a time, all of them by default), each up to data.max_prompt_length + data.max_response_length tokens."""
-        d, seed = self.cfg.data, self.cfg.trainer.seed
-        train = make_sft_loader(d, d.train_files, self.tokenizer, seed=seed, batch_size=d.train_batch_size, train=True)
+        d, seed, images = self.cfg.data, self.cfg.trainer.seed, self.processor
+        train = make_sft_loader(
+            d, d.train_files, self.tokenizer, seed=seed, batch_size=d.train_batch_size, train=True, processor=images
+        )
         if not d.val_files:
             return train, None
         return train, make_sft_loader(
-            d, d.val_files, self.tokenizer, seed=seed, batch_size=d.val_batch_size, train=False
+            d, d.val_files, self.tokenizer, seed=seed, batch_size=d.val_batch_size, train=False, processor=images
         )
 
     def train_step(self) -> Dict[str, float]:
@@ -61,7 +63,7 @@ class SFTTrainer(Trainer):
         batch = self.train_loader.next_batch()
         with timer("update"):
             per_rank = self.workers.actor_rollout.call(
-                ActorRolloutRefWorker.update_actor, batch.select(SFT_UPDATE, []), loss="sft"
+                ActorRolloutRefWorker.update_actor, batch.select(SFT_UPDATE, model_non_tensors(batch)), loss="sft"
             )
         metrics = {**mean_over_ranks(per_rank), "sft/loss_tokens": float(batch.batch["response_mask"].sum())}
         return {**metrics, **self.step_metrics(timer, start, batch)}
@@ -74,7 +76,7 @@ class SFTTrainer(Trainer):
         nll, tokens, rows, matched = torch.zeros((), dtype=torch.float64), 0, 0, 0
         for batch in self.val_loader:
             padded, pad = pad_to_multiple(batch, self.plan.train_dp)
-            inputs = padded.select(MODEL_INPUTS, [])
+            inputs = padded.select(MODEL_INPUTS, model_non_tensors(padded))
             mask = batch.batch["response_mask"].double()
             out = self.workers.actor_rollout.call(ActorRolloutRefWorker.actor_log_probs, inputs)
             nll -= (out.batch["log_probs"][: len(batch)].double() * mask).sum()

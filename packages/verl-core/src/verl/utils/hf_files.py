@@ -9,7 +9,8 @@ import os
 import shutil
 from typing import Any, Iterator, Optional, Tuple
 
-# Everything a tokenizer (and generation defaults) is loaded from; weights and config are written anew.
+# Everything a tokenizer (and generation defaults, and a vision-language model's image and video processors) is
+# loaded from; weights and config are written anew.
 TOKENIZER_GLOBS = (
     "tokenizer*",
     "special_tokens_map.json",
@@ -17,11 +18,14 @@ TOKENIZER_GLOBS = (
     "vocab*",
     "merges.txt",
     "generation_config.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
 )
 
 
 def copy_tokenizer_files(src: str, dst: str) -> list[str]:
-    """Copy the tokenizer and generation files of folder `src` into `dst`; returns the names copied."""
+    """Copy the tokenizer, generation and processor files of folder `src` into `dst`; returns the names copied."""
     copied = []
     for pattern in TOKENIZER_GLOBS:
         for f in glob.glob(os.path.join(src, pattern)):
