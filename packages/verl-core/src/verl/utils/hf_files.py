@@ -35,23 +35,26 @@ def copy_tokenizer_files(src: str, dst: str) -> list[str]:
     return sorted(copied)
 
 
-def folder_experts(path: str) -> Optional[int]:
-    """Routed experts per layer that the config.json in `path` declares (0: a dense model; None: no readable config)."""
+def folder_config(path: str) -> Optional[dict]:
+    """The config.json in `path` as a dict (None: no readable one)."""
     try:
         with open(os.path.join(path, "config.json")) as f:
-            config = json.load(f)
+            return json.load(f)
     except (OSError, ValueError):
+        return None
+
+
+def folder_experts(path: str) -> Optional[int]:
+    """Routed experts per layer that the config.json in `path` declares (0: a dense model; None: no readable config)."""
+    config = folder_config(path)
+    if config is None:
         return None
     return int(config.get("num_experts") or config.get("num_local_experts") or 0)
 
 
 def folder_vision_model(path: str) -> Optional[str]:
     """The model type when the config.json in `path` declares a vision tower (a vision-language model), else None."""
-    try:
-        with open(os.path.join(path, "config.json")) as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        return None
+    config = folder_config(path) or {}
     return str(config.get("model_type")) if config.get("vision_config") else None
 
 
