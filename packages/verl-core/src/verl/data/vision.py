@@ -31,7 +31,8 @@ def load_image(value: Any, path: str, row: int, k: int) -> Image.Image:
         file = value if os.path.isabs(value) else os.path.join(os.path.dirname(os.path.abspath(path)), value)
         if not os.path.isfile(file):
             raise ValueError(f"{where}: no image file {file!r} (a relative path is read from the parquet's folder)")
-        value = open(file, "rb").read()
+        with open(file, "rb") as f:
+            value = f.read()
     if not isinstance(value, (bytes, bytearray)):
         raise ValueError(f"{where} must be {IMAGES_FORMAT}, got {type(value).__name__}")
     try:
