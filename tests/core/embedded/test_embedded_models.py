@@ -182,12 +182,11 @@ def test_the_embedded_vision_language_model_loads_and_reads_an_image(tiny_vlm_di
     )[0]
     logits = []
     for count in (1, 4):
-        inputs = processor(text, [draw_shapes(np.random.default_rng(0), count)])
+        image = draw_shapes(np.random.default_rng(0), count)
+        ids = torch.tensor([tokenizer(processor.widen(text, [processor.image_tokens(image)]))["input_ids"]])
         with torch.no_grad():
             out = model(
-                input_ids=torch.tensor([inputs["input_ids"]]),
-                pixel_values=inputs["pixel_values"],
-                image_grid_thw=inputs["image_grid_thw"],
+                input_ids=ids, mm_token_type_ids=(ids == model.config.image_token_id).int(), **processor.pixels([image])
             )
         logits.append(out.logits[0, -1])
     assert logits[0].shape == (87,) and not torch.allclose(logits[0], logits[1])

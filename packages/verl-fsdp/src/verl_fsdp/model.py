@@ -10,6 +10,7 @@ from transformers import (
     PreTrainedModel,
 )
 
+from verl.data.vision import is_vision_model
 from verl.engine_protocol import EngineConfig
 
 
@@ -18,8 +19,7 @@ def build_model(cfg: EngineConfig, dtype: torch.dtype) -> PreTrainedModel:
     hf_config = cfg.hf_config()
     kwargs = dict(config=hf_config, dtype=dtype, attn_implementation=cfg.attn_implementation)
     if cfg.kind == "causal_lm":
-        vision = getattr(hf_config, "vision_config", None) is not None  # (a vision-language model: verl_fsdp.vision)
-        auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+        auto = AutoModelForImageTextToText if is_vision_model(hf_config) else AutoModelForCausalLM  # (verl_fsdp.vision)
         return auto.from_pretrained(cfg.model_path, **kwargs)
     if cfg.kind == "value":
         # A scalar per token; dropout off so values are a deterministic function of the weights.

@@ -12,21 +12,8 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from verl.data.vision import stacked_images
+from verl.data.vision import rope_index_module, stacked_images
 from verl.protocol import DataProto
-
-
-def is_vision_model(config: Any) -> bool:
-    """Whether a Hugging Face config declares a vision tower (a vision-language model)."""
-    return getattr(config, "vision_config", None) is not None
-
-
-def _rope_index_owner(model: torch.nn.Module) -> Any:
-    """The module that computes the model's multimodal positions (inside peft's and FSDP's wrappers alike)."""
-    for m in model.modules():
-        if callable(getattr(type(m), "get_rope_index", None)):
-            return m
-    raise ValueError(f"{type(model).__name__} has no get_rope_index: its multimodal positions are not known here")
 
 
 def vision_inputs(model: torch.nn.Module, mb: DataProto, device: torch.device) -> Optional[Dict[str, torch.Tensor]]:
@@ -44,7 +31,7 @@ def vision_inputs(model: torch.nn.Module, mb: DataProto, device: torch.device) -
             f"the rows hold {tokens} image tokens and their images {expected} merged patches: an image token in a "
             "response, or pixels that do not belong to these rows"
         )
-    positions, _ = _rope_index_owner(model).get_rope_index(
+    positions, _ = rope_index_module(model).get_rope_index(
         ids, (ids == image_token).int(), image_grid_thw=grid, attention_mask=mask
     )
     return {

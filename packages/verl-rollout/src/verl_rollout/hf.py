@@ -15,7 +15,7 @@ from typing import Any, Callable, ContextManager, Dict, Optional
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, GenerationConfig
 
-from verl.data.vision import stacked_images, vision_token_ids
+from verl.data.vision import is_vision_model, rope_index_module, stacked_images, vision_token_ids
 from verl.engine_protocol import (
     ROUTED_EXPERTS,
     CheckedRolloutEngine,
@@ -50,7 +50,7 @@ class HFRollout:
         self.device = torch.device(settings.device)
         self.shared = module is not None
         if module is None:
-            vision = getattr(AutoConfig.from_pretrained(model_path), "vision_config", None) is not None
+            vision = is_vision_model(AutoConfig.from_pretrained(model_path))
             auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
             module = auto.from_pretrained(model_path, dtype=torch.float32, attn_implementation="sdpa")
             module.to(self.device)
@@ -59,8 +59,10 @@ class HFRollout:
         self._released: Optional[dict] = None  # name -> shape of parameters released by sleep()
         self._meta: Optional[Dict[str, torch.Tensor]] = None  # the parameters on the meta device (fingerprint_key)
         self._renamed: Optional[Dict[str, str]] = None  # checkpoint names of renamed parameters (hf_weights.renames)
-        # a vision-language model never samples its image markers (the actor counts them against the images)
-        self.suppress = vision_token_ids(module.config)
+        # A vision-language model never samples its image markers (the actor counts them against the images), and
+        # its positions are its own 3-D ones, from offsets its model keeps per call (`rope_deltas`).
+        self.positions = rope_index_module(module) if is_vision_model(module.config) else None
+        self.suppress = vision_token_ids(module.config) if self.positions is not None else []
         # routing replay r3: the experts every token went to come back as a batch column
         self.recorder = RouteRecorder(module) if settings.routes else None
 
@@ -125,12 +127,10 @@ class HFRollout:
         with self.gather(), recording:
             # n samples of a prompt share its prefill: the KV cache of all but its last token is computed once
             # and repeated n times; generate then starts from the last prompt token. (Not for a vision-language
-            # model: its positions are its own 3-D ones, set up by generate's first step.)
-            shared = n > 1 and p > 1 and not self.suppress  # (a vision-language model: generate sets them up)
-            if self.suppress:  # its model keeps the last call's position offsets, for that call's rows only
-                for m in self.module.modules():
-                    if getattr(m, "rope_deltas", None) is not None:
-                        m.rope_deltas = None
+            # model: generate's first step sets up its 3-D positions, from offsets of this call's rows only.)
+            if self.positions is not None:
+                self.positions.rope_deltas = None  # (the last call's: other rows, another batch size)
+            shared = n > 1 and p > 1 and self.positions is None
             cache = self._prefill(unique_ids[:, :-1], unique_mask[:, :-1], n) if shared else None
             if cache is not None:
                 extra["cache"] = cache
@@ -181,7 +181,7 @@ class HFRollout:
         params = {n: p.data for n, p in self.module.named_parameters()}
         moved, seen = 0, set()
         for name, tensor in weights:  # checkpoint names (a mixture of experts' land in fused parameters)
-            param, view = target(name, params, self._renames())
+            param, view = target(name, params, self._renames)
             view.copy_(tensor.to(view.device, view.dtype))
             moved += tensor.numel() * tensor.element_size()
             seen.add(param)
@@ -197,7 +197,7 @@ class HFRollout:
             shapes = self._released or {n: p.shape for n, p in self.module.named_parameters()}
             dtypes = {n: p.dtype for n, p in self.module.named_parameters()}
             self._meta = {n: torch.empty(shapes[n], dtype=dtypes[n], device="meta") for n in dtypes}
-        param, view = target(name, self._meta, self._renames())
+        param, view = target(name, self._meta, self._renames)
         return Target(param, view.dtype)
 
     def _renames(self) -> Dict[str, str]:

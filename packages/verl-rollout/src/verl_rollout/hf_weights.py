@@ -11,7 +11,7 @@ and its router `block_sparse_moe.gate.weight`). A vision-language model renames 
 from __future__ import annotations
 
 import re
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -35,14 +35,15 @@ def renames(model: torch.nn.Module) -> Dict[str, str]:
 
 
 def target(
-    name: str, params: Dict[str, torch.Tensor], renamed: Optional[Dict[str, str]] = None
+    name: str, params: Dict[str, torch.Tensor], renamed: Optional[Callable[[], Dict[str, str]]] = None
 ) -> Tuple[str, torch.Tensor]:
     """(parameter name, the view of it that checkpoint tensor `name` fills); KeyError when the model has none.
-    `renamed`: the model's `renames`."""
+    `renamed`: the model's `renames`, asked for only when `name` is no parameter's own."""
     if name in params:
         return name, params[name]
-    if renamed and name in renamed:
-        return renamed[name], params[renamed[name]]
+    renames_of = renamed() if renamed is not None else {}
+    if name in renames_of:
+        return renames_of[name], params[renames_of[name]]
     moe_name = name.replace(".block_sparse_moe.", ".mlp.")
     if moe_name in params:  # Mixtral's router
         return moe_name, params[moe_name]

@@ -107,13 +107,6 @@ class VisionProcessor:
         out = self.image_processor(images=images, return_tensors="pt")
         return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
 
-    def __call__(self, text: str, images: list[Image.Image]) -> dict[str, Any]:
-        """input_ids (a list) of the rendered prompt with its images' pads widened, and the images' pixels."""
-        pixels = self.pixels(images) if images else {}
-        counts = [int(g.prod()) // self.merge_size**2 for g in pixels.get("image_grid_thw", [])]
-        ids = self.tokenizer(self.widen(text, counts), add_special_tokens=False)["input_ids"]
-        return {"input_ids": ids, **pixels}
-
 
 def stacked_images(rows: Optional[Iterable[Dict[str, Any]]]) -> Optional[Dict[str, torch.Tensor]]:
     """pixel_values and image_grid_thw of a batch's rows (the `multi_modal_inputs` column: an empty dict for a text
@@ -122,6 +115,20 @@ def stacked_images(rows: Optional[Iterable[Dict[str, Any]]]) -> Optional[Dict[st
     if not with_images:
         return None
     return {key: torch.cat([r[key] for r in with_images]) for key in ("pixel_values", "image_grid_thw")}
+
+
+def is_vision_model(config: Any) -> bool:
+    """Whether a Hugging Face config declares a vision tower (a vision-language model)."""
+    return getattr(config, "vision_config", None) is not None
+
+
+def rope_index_module(model: Any) -> Any:
+    """The module of a vision-language model that computes its multimodal positions (`get_rope_index`) and keeps
+    the last call's offsets (`rope_deltas`), found inside peft's and FSDP's wrappers alike."""
+    for m in model.modules():
+        if callable(getattr(type(m), "get_rope_index", None)):
+            return m
+    raise ValueError(f"{type(model).__name__} has no get_rope_index: its multimodal positions are not known here")
 
 
 def vision_token_ids(config: Any) -> List[int]:
