@@ -150,3 +150,34 @@ def test_on_stale_drop_leaves_the_stale_group_out(row_multiple, kept):
     assert batch.batch["input_ids"][:, 2].tolist() == [200 + g for g in kept for _ in range(N)]
     assert metrics["async/dropped"] == N and metrics["async/regenerated"] == 0
     assert int((0 - batch.batch["weight_version"]).max()) <= 1
+
+
+def test_the_pool_rate_is_reported_on_a_step_whose_batch_was_ready_before():
+    """perf/rollout_tokens_per_s on every step: a pool that generated nothing since the last take (its batch was
+    finished before) reports the rate it last had, not a gap in the metric."""
+    from verl.trainer.rollout_source import ServiceRollouts
+
+    class Client:
+        replicas, dead = [0, 1], []
+        counters = [{"tokens": 600, "busy_s": 2.0, "interrupted": 1}, {}, {"tokens": 100, "busy_s": 1.0}]
+
+        def take_counters(self):
+            return self.counters.pop(0)
+
+    class Scheduler:
+        def take(self, step):
+            return DataProto.from_dict({"input_ids": torch.ones(2, 3, dtype=torch.long)}), {}
+
+    class Workers:
+        rollout_tp, rollout_ranks = 1, [0, 1]
+
+    source = object.__new__(ServiceRollouts)  # (the parts next_batch reads; the service itself is not under test)
+    source.client, source.scheduler, source.workers, source.gen_s, source.tokens_per_s = (
+        Client(),
+        Scheduler(),
+        Workers(),
+        0.0,
+        None,
+    )
+    rates = [source.next_batch(step)[1]["perf/rollout_tokens_per_s"] for step in range(3)]
+    assert rates == [600.0, 600.0, 200.0]  # tokens / busy seconds x replicas (each replica's busy time is summed)

@@ -267,6 +267,7 @@ class ServiceRollouts(_Source):
     def __init__(self, cfg: VerlConfig, plan: Plan, tokenizer: Any, workers: Any, loader: Any, agents: Any, **kw: Any):
         super().__init__(workers, loader, **kw)
         r = cfg.rollout
+        self.tokens_per_s: Optional[float] = None  # the rollout pool's rate while busy, as last measured
         self.client = RolloutClient(
             workers.rollout,
             chunk=r.service_chunk_tokens,
@@ -307,7 +308,9 @@ class ServiceRollouts(_Source):
         self.gen_s += counters.get("busy_s", 0.0) / max(1, len(self.client.replicas))
         info["async/interrupted"] = counters.get("interrupted", 0.0)  # samples midway at a sync
         if counters.get("busy_s"):  # what the rollout pool generated while it was busy, all replicas
-            info["perf/rollout_tokens_per_s"] = counters["tokens"] / counters["busy_s"] * len(self.client.replicas)
+            self.tokens_per_s = counters["tokens"] / counters["busy_s"] * len(self.client.replicas)
+        if self.tokens_per_s is not None:  # (a pool that finished this batch before the last take: its last rate)
+            info["perf/rollout_tokens_per_s"] = self.tokens_per_s
         info.update(batch.meta_info.pop("agent_metrics", {}))
         return batch, info
 
