@@ -270,6 +270,14 @@ def test_a_vision_language_model_trains_on_fsdp_with_the_hf_rollout_and_nothing_
         assert key in {p.key for p in errors(check(folder, update, strict=False))}, key
 
 
+def test_a_vision_tower_is_frozen_only_where_the_model_has_one():
+    freeze = {"actor": {"freeze_vision_tower": True}}
+    assert not errors(check({"model": {"path": "embedded:tiny-qwen2.5-vl"}}, freeze))
+    p = only(check({"model": {"path": "embedded:tiny-llama"}}, freeze))
+    assert p.key == "actor.freeze_vision_tower" and "text model" in p.message
+    assert p.fix == "set actor.freeze_vision_tower=false"
+
+
 def test_the_load_balancing_loss_is_megatrons_and_for_mixtures_of_experts():
     aux = {"actor": {"moe_aux_loss_coeff": 0.01}}
     assert not errors(check(MEGATRON8, {"model": {"path": "embedded:tiny-qwen3-moe"}}, aux))

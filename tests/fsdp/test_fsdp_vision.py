@@ -1,19 +1,22 @@
 """A vision-language model on the FSDP engine (one gloo rank): log-probs on image prompts equal plain transformers'
-on each row alone, left-padded rows and a text row beside them included; a step trains the vision tower too."""
+on each row alone, padded (left-padded rows and a text row beside them included) and packed (a shared prompt and its
+images computed once; a padding-free stream); a step trains the vision tower too, and a packed step equals a
+padded one."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForImageTextToText, AutoTokenizer
+from transformers import AutoModelForImageTextToText
 
 from tests.support.engines import gloo_world_one  # noqa: F401
-from tests.support.fixtures import embedded_cache, tiny_vlm_dir  # noqa: F401
+from tests.support.fixtures import embedded_cache, tiny_model_dir, tiny_vlm_dir  # noqa: F401
 from tests.support.image_batches import R, image_batch
 from verl.config.schema import OptimConfig
 from verl.engine_protocol import EngineConfig
 from verl.protocol import DataProto
 from verl_fsdp.engine import FSDPEngine
+from verl_fsdp.vision import image_keys, image_rows
 
 
 def _transformers_log_probs(model_dir: str, batch: DataProto) -> torch.Tensor:
@@ -41,6 +44,54 @@ def test_image_prompt_log_probs_equal_transformers(gloo_world_one, tiny_vlm_dir,
     torch.testing.assert_close(by_two, got, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["shared_prefix", "padding_free"])
+def test_packed_image_prompts_equal_transformers(gloo_world_one, tiny_vlm_dir, embedded_cache, layout, monkeypatch):  # noqa: F811
+    """Groups of two rows per prompt, packed: three image prompts whose tokens are equal (one question, images of
+    one size) stay three prompts with their own pixels; their rows' log-probs are transformers' on each row alone."""
+    import verl_fsdp.engine as fsdp_engine
+
+    batch = image_batch(tiny_vlm_dir, embedded_cache, n=2)
+    p = batch.batch["input_ids"].shape[1] - R
+    assert torch.equal(batch.batch["input_ids"][0, :p], batch.batch["input_ids"][2, :p])  # (different images)
+    if layout == "padding_free":  # (SDPA taken as mask-less: the stream flash-attention runs, tests/gpu)
+        monkeypatch.setattr(fsdp_engine, "MASKABLE_ATTENTION", ())
+    engine = FSDPEngine(EngineConfig(model_path=tiny_vlm_dir, total_steps=1))
+    b = batch.batch
+    rows = image_rows(batch)
+    pack = engine._pack(b, R, image_keys(rows))
+    assert pack is not None
+    image_token = engine.model.config.image_token_id
+    per_image = int((b["input_ids"][0] == image_token).sum())
+    copies = 3 if layout == "shared_prefix" else 6  # each image prompt once, or once per row
+    assert int((pack.input_ids == image_token).sum()) == copies * per_image
+    got = engine.infer(batch, micro_batch_size=8).batch["log_probs"]
+    assert engine._tokens[2] == pack.tokens  # (the engine ran the pack)
+    torch.testing.assert_close(got, _transformers_log_probs(tiny_vlm_dir, batch), rtol=0, atol=1e-5)
+
+
+def test_a_packed_step_on_image_prompts_equals_a_padded_one(gloo_world_one, tiny_vlm_dir, embedded_cache):  # noqa: F811
+    """One step over groups that share image prompts: packed (each prompt and its images computed once, their
+    gradients summed over the group's rows) and padded give the same weights (Adam eps=1: weights compare
+    gradients), the vision tower's included."""
+    batch = image_batch(tiny_vlm_dir, embedded_cache, n=2)
+    optim = OptimConfig(lr=1e-2, eps=1.0, weight_decay=0.0)
+    after, before = {}, dict(FSDPEngine(EngineConfig(model_path=tiny_vlm_dir, total_steps=1)).weights())
+    for shared in (True, False):
+        engine = FSDPEngine(EngineConfig(model_path=tiny_vlm_dir, optim=optim, total_steps=1, shared_prefix=shared))
+        metrics = engine.train_step(batch, _advantage_loss, micro_batch_size=8)
+        assert (metrics["computed_tokens_ratio"] < 0.9) == shared
+        after[shared] = dict(engine.weights())
+    moved = [n for n, t in after[True].items() if not torch.equal(t, before[n])]
+    assert any(n.startswith("visual.blocks.") for n in moved) and any(n.startswith("model.layers.") for n in moved)
+    for name, t in after[True].items():
+        torch.testing.assert_close(t, after[False][name], rtol=0, atol=1e-6, msg=name)
+
+
+def _advantage_loss(out, mb):
+    loss = -(out["log_probs"] * mb.batch["advantages"].to(out["log_probs"].device)).mean()
+    return loss, {"loss": float(loss.detach())}
+
+
 def test_a_step_on_image_prompts_trains_the_vision_tower(gloo_world_one, tiny_vlm_dir, embedded_cache):  # noqa: F811
     batch = image_batch(tiny_vlm_dir, embedded_cache)
     engine = FSDPEngine(
@@ -61,3 +112,26 @@ def test_a_step_on_image_prompts_trains_the_vision_tower(gloo_world_one, tiny_vl
         bad = image_batch(tiny_vlm_dir, embedded_cache)
         bad.non_tensor_batch["multi_modal_inputs"][2] = bad.non_tensor_batch["multi_modal_inputs"][0]
         engine.infer(bad, micro_batch_size=4)
+
+
+def test_a_frozen_vision_tower_stays_as_loaded(gloo_world_one, tiny_vlm_dir, embedded_cache):  # noqa: F811
+    """actor.freeze_vision_tower: a step trains the language model only; the tower (its merger too) has neither
+    gradients nor optimizer state, and its weights are the loaded ones."""
+    batch = image_batch(tiny_vlm_dir, embedded_cache, n=2)
+    optim = OptimConfig(lr=1e-2, weight_decay=0.0)
+    engine = FSDPEngine(EngineConfig(model_path=tiny_vlm_dir, optim=optim, total_steps=1, freeze_vision_tower=True))
+    before = {name: t.clone() for name, t in engine.weights()}
+    metrics = engine.train_step(batch, _advantage_loss, micro_batch_size=4)
+    assert metrics["grad_norm"] > 0
+    moved = {name for name, t in engine.weights() if not torch.equal(t, before[name])}
+    tower = {name for name in before if name.startswith("visual.")}
+    assert tower and any(n.startswith("visual.merger.") for n in tower)
+    assert not moved & tower and any(n.startswith("model.layers.") for n in moved)
+    trained = {p for group in engine.optimizer.param_groups for p in group["params"]}
+    frozen = [p for n, p in engine.model.named_parameters() if ".visual." in f".{n}"]
+    assert frozen and not any(p in trained for p in frozen)
+
+
+def test_freezing_the_tower_of_a_text_model_is_refused(gloo_world_one, tiny_model_dir):  # noqa: F811
+    with pytest.raises(ValueError, match="actor.freeze_vision_tower: .* has no vision tower"):
+        FSDPEngine(EngineConfig(model_path=tiny_model_dir, total_steps=1, freeze_vision_tower=True))

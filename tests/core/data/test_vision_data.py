@@ -161,3 +161,43 @@ def test_preference_data_with_images_is_refused_not_read_as_text(tmp_path, char_
     path = _write(tmp_path, pairs, "pairs.parquet")
     with pytest.raises(ValueError, match=r"pairs.parquet: column 'images' holds images, and this data set reads text"):
         PreferenceDataset([path], char_tokenizer, max_prompt_length=32, max_response_length=8)
+
+
+def test_geometry3k_is_prepared_with_its_diagrams_and_scored_from_the_box(tmp_path, vlm):
+    """`verl data prepare geometry3k` from its published parquet layout (image cells {"bytes", "path"}) and from
+    records as the `datasets` library decodes them (PIL images): rows whose diagrams the processor reads, scored by
+    `reward.fn: default` from the last box; a record whose placeholders do not match its images is named."""
+    from verl.data.prepare import prepare
+    from verl.reward.functions import get_reward_fn
+
+    tokenizer, processor = vlm
+    records = [
+        {"images": [{"bytes": _png(), "path": None}], "problem": "<image>Find x.", "answer": "12"},
+        {"images": [{"bytes": _png(colour="blue"), "path": "b.png"}], "problem": "<image>Find y.", "answer": "3"},
+    ]
+    source = _write(tmp_path, records, "geo.parquet")
+    path = prepare("geometry3k", str(tmp_path / "geo"), source=source, quiet=True)
+    rows = pd.read_parquet(path).to_dict("records")
+    assert [r["data_source"] for r in rows] == ["hiyouga/geometry3k"] * 2
+    assert (
+        rows[0]["prompt"][0]["content"].startswith("<image>Find x. ") and "\\boxed{}" in rows[0]["prompt"][0]["content"]
+    )
+    data = RLDataset([path], tokenizer, max_prompt_length=128, processor=processor)
+    assert data[0]["multi_modal_inputs"]["image_grid_thw"].tolist() == [[1, 4, 4]]
+    extra = {**rows[1]["extra_info"], "data_source": rows[1]["data_source"]}
+    assert get_reward_fn("default")("", "so y = \\boxed{3}", "3", extra) == 1.0
+    assert get_reward_fn("default")("", "so y = \\boxed{4}", "3", extra) == 0.0
+
+    from verl.data.sets import geometry3k
+
+    row = geometry3k({"images": [Image.new("RGB", (56, 56))], "problem": "<image>Find z.", "answer": "5"}, 0, "test")
+    assert Image.open(io.BytesIO(row["images"][0])).size == (56, 56)
+    with pytest.raises(ValueError, match=r"record 0 is not in the geometry3k layout .*1 <image> placeholders for 2"):
+        prepare(
+            "geometry3k",
+            str(tmp_path / "bad"),
+            source=_write(
+                tmp_path, [{**records[0], "images": [records[0]["images"][0], records[1]["images"][0]]}], "bad.parquet"
+            ),
+            quiet=True,
+        )

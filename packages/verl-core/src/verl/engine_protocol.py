@@ -76,6 +76,7 @@ class EngineConfig:
     seed: int = 1
     parallel: Optional[Any] = None  # the role's Layout from the plan, or a ParallelConfig (backends that split use it)
     moe_aux_loss_coeff: float = 0.0  # a mixture of experts' load-balancing loss (megatron's formula); 0: off
+    freeze_vision_tower: bool = False  # a vision-language model's vision tower (and projector) not trained
     override_config: Dict[str, Any] = field(default_factory=dict)
 
     def compute_dtype(self) -> torch.dtype:

@@ -42,7 +42,7 @@ from verl_fsdp import dtensor_optim, sequence_parallel
 from verl_fsdp.lora import adapter_state, apply_lora, is_lora, merged_weights
 from verl_fsdp.model import build_model
 from verl_fsdp.parallelize import apply_fsdp, apply_tp, split_world
-from verl_fsdp.vision import vision_inputs
+from verl_fsdp.vision import image_keys, image_rows, vision_inputs, vision_tower
 
 LORA_ADAPTER_DIR = "lora_adapter"  # where export_hf writes a LoRA run's peft adapter folder
 
@@ -90,6 +90,8 @@ class FSDPEngine:
             if self.tp > 1:
                 raise ValueError("LoRA on the fsdp engine is data parallel: set the role's parallel.tp=1")
             model = apply_lora(model, cfg.lora, cfg.kind)
+        if cfg.freeze_vision_tower:  # before sharding and the optimizer: no gradients, no optimizer state
+            vision_tower(model).requires_grad_(False)
         # replicated parameters whose gradients only this rank's heads make (summed over tp after backward)
         partial = set(apply_tp(model, self.tp_mesh)) if self.tp > 1 else set()
         if self.cp > 1:
@@ -138,8 +140,9 @@ class FSDPEngine:
         b = mb.batch
         r = b["responses"].shape[1]
         labels = b["responses"].to(self.device)
-        vision = vision_inputs(self.model, mb, self.device)
-        pack = self._pack(b, r) if vision is None else None  # (image rows: padded, their positions 3-D)
+        images = image_rows(mb)
+        pack = self._pack(b, r, image_keys(images) if images is not None else None)
+        vision = vision_inputs(self.model, mb, self.device, pack)  # (pixels, grids and 3-D positions; None: text)
         padded = b["input_ids"].numel()
         self._tokens[0] += int(b["attention_mask"].sum())
         self._tokens[1] += padded
@@ -172,7 +175,7 @@ class FSDPEngine:
                 position_ids=b["position_ids"].to(self.device),
                 use_cache=False,
             )
-            kwargs.update(vision or {})  # (pixels, grids, and 3-D positions in place of the 1-D ones)
+        kwargs.update(vision or {})  # (their multimodal positions in place of the 1-D ones)
         return self._outputs(kwargs, pack, labels, r, temperature, entropy, entropy_grad)
 
     def _outputs(
@@ -214,16 +217,17 @@ class FSDPEngine:
             return {"log_probs": log_probs, "entropy": ent}
         return self._token_outputs(head(hidden), labels, temperature, entropy)
 
-    def _pack(self, b: Any, r: int) -> Optional[PrefixPack]:
-        """The micro-batch packed (model.shared_prefix): by shared prompt (verl.utils.shared_prefix) where the
-        attention takes a 4D mask (sdpa, eager), else padding-free (verl.utils.padding_free: flash-attention's
-        varlen path); None: padded rows (packing off, or a shared-prefix pack would not pay)."""
+    def _pack(self, b: Any, r: int, prompt_keys: Optional[List[bytes]] = None) -> Optional[PrefixPack]:
+        """The micro-batch packed (model.shared_prefix): by shared prompt (verl.utils.shared_prefix; `prompt_keys`:
+        what else a prompt holds, its images) where the attention takes a 4D mask (sdpa, eager), else padding-free
+        (verl.utils.padding_free: flash-attention's varlen path); None: padded rows (packing off, or a shared-prefix
+        pack would not pay)."""
         if not self.cfg.shared_prefix:
             return None
         if self.model.config._attn_implementation not in MASKABLE_ATTENTION:
             return padding_free(b["input_ids"], b["attention_mask"], b["position_ids"], r)
         weight = attention_weight_of(self.model.config)
-        return pack_shared_prefixes(b["input_ids"], b["attention_mask"], b["position_ids"], r, weight)
+        return pack_shared_prefixes(b["input_ids"], b["attention_mask"], b["position_ids"], r, weight, prompt_keys)
 
     @staticmethod
     def _token_outputs(

@@ -386,11 +386,29 @@ def model_vision_type(cfg: Any) -> Optional[str]:
     return None if folder is None else folder_vision_model(folder)
 
 
+def model_known(cfg: Any) -> bool:
+    """Whether the configured model's config can be read here (an embedded model, or a local folder)."""
+    path = value(cfg, "model.path")
+    if not isinstance(path, str):
+        return False
+    if path.startswith("embedded:"):
+        from verl.embedded.specs import EMBEDDED_MODELS
+
+        return path[len("embedded:") :] in EMBEDDED_MODELS
+    from verl.model_source import local_model_folder
+
+    return local_model_folder(path) is not None
+
+
 def check_vision_model(ctx: Context) -> List[ConfigProblem]:
     """What a vision-language model trains with: the fsdp actor (data parallel) and the hf rollout, synchronous, one
     completion per sample, no critic or LoRA; each other choice refused at its key."""
     kind = model_vision_type(ctx.cfg)
     if kind is None:
+        if value(ctx.cfg, "actor.freeze_vision_tower") and model_known(ctx.cfg):
+            key = "actor.freeze_vision_tower"
+            why = f"is true, and {value(ctx.cfg, 'model.path')} is a text model: it has no vision tower"
+            return [error_at(key, why, f"set {key}=false")]
         return []
     cfg, vlm = ctx.cfg, f"a vision-language model ({kind})"
     limits = [  # (key, what it must be, why not otherwise)

@@ -253,6 +253,9 @@ class ActorConfig:
     # megatron MoE: r2, the update replays the experts the old-log-prob pass took; r3, every actor pass replays the
     # experts the rollout took (hf rollout)
     routing_replay: str = one_of("none", "none", "r2", "r3")
+    # a vision-language model: its vision tower kept as loaded (Qwen-VL's holds the merger that projects into the
+    # language model too); the language model trains
+    freeze_vision_tower: bool = False
 
 
 @dataclass

@@ -29,6 +29,7 @@ DEFAULT_SCORERS = {
     "reasoning_gym/*": "reasoning_gym",
     "mbpp": "code_tests",
     "google-research-datasets/mbpp": "code_tests",
+    "hiyouga/geometry3k": "math_boxed",
     "embedded/arithmetic": "arithmetic",
     "embedded/shapes": "arithmetic",  # (the first line, exactly the count)
 }

@@ -16,7 +16,7 @@ the output that predicts it sits; a gather with those indices gives outputs in t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Hashable, Optional, Sequence
 
 import torch
 
@@ -80,6 +80,7 @@ def pack_shared_prefixes(
     position_ids: torch.Tensor,
     response_length: int,
     attention_weight: float = 0.0,
+    prompt_keys: Optional[Sequence[Hashable]] = None,
 ) -> Optional[PrefixPack]:
     """Pack rows `[B, P+R]` (prompt left-padded, response right-padded): the rows of one prompt into one
     sequence, and those sequences, padding dropped, into packed rows of at most max(P+R, the longest sequence)
@@ -89,7 +90,10 @@ def pack_shared_prefixes(
     masked attention over the whole packed length) is not below 0.9x the padded batch's.
 
     attention_weight: the cost of one query-key pair relative to one token through the model's dense layers
-    (`attention_weight_of`); 0 counts tokens only."""
+    (`attention_weight_of`); 0 counts tokens only.
+
+    prompt_keys: per row, what else its prompt is made of beyond its tokens (its images: equal placeholder tokens
+    stand for different pixels); rows share a prompt only where these are equal too."""
     r = response_length
     p = input_ids.shape[1] - r
     ids, mask, pos = input_ids.cpu(), attention_mask.cpu().bool(), position_ids.cpu()
@@ -98,7 +102,8 @@ def pack_shared_prefixes(
         keep = mask[b, :p]
         if not bool(keep.any()):
             return None
-        key = (tuple(ids[b, :p][keep].tolist()), tuple(pos[b, :p][keep].tolist()))
+        extra = prompt_keys[b] if prompt_keys is not None else None
+        key = (tuple(ids[b, :p][keep].tolist()), tuple(pos[b, :p][keep].tolist()), extra)
         groups.setdefault(key, []).append(b)
 
     resp_len = mask[:, p:].sum(1).tolist()

@@ -32,6 +32,7 @@ def train_engine(cfg: VerlConfig, role: RolePlan, *, model_path: str, total_step
         seed=cfg.trainer.seed,
         parallel=role.layout,
         moe_aux_loss_coeff=float(section.get("moe_aux_loss_coeff", 0.0)) if optimize else 0.0,
+        freeze_vision_tower=bool(section.get("freeze_vision_tower", False)),
         override_config=to_dict(cfg.model.override_config),
     )
     return load_engine(role.backend, "train")(engine_cfg)
