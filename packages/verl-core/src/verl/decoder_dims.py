@@ -23,6 +23,8 @@ class Dims:
 
     @classmethod
     def of(cls, c: Any) -> "Dims":
+        """The decoder's sizes; a vision-language model's are its language model's (`text_config`)."""
+        c = c.get_text_config() if hasattr(c, "get_text_config") else c
         heads = int(c.num_attention_heads)
         experts = int(getattr(c, "num_experts", None) or getattr(c, "num_local_experts", None) or 0)
         return cls(

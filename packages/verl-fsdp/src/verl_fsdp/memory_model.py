@@ -44,9 +44,12 @@ def hf_parameter_shapes(
     device (no memory): what the FSDP engine loads, with `lora`'s adapters when given (then only they, and a value
     head, train). A tied output head is one tensor."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForTokenClassification
 
-    cls = AutoModelForCausalLM if kind == "causal_lm" else AutoModelForTokenClassification
+    from verl.data.vision import is_vision_model
+
+    causal = AutoModelForImageTextToText if is_vision_model(hf_config) else AutoModelForCausalLM  # (as build_model)
+    cls = causal if kind == "causal_lm" else AutoModelForTokenClassification
     if kind == "value":  # (the critic: the trunk with a one-number head, as the FSDP engine builds it)
         hf_config = copy.deepcopy(hf_config)
         hf_config.num_labels = 1
