@@ -251,6 +251,8 @@ def test_a_vision_language_model_trains_on_fsdp_with_the_hf_rollout_and_nothing_
     """The embedded tiny Qwen2.5-VL (read from its spec), and a folder whose config.json has a vision tower."""
     vlm = {"model": {"path": "embedded:tiny-qwen2.5-vl"}}
     assert not errors(check(vlm))
+    p = only(check(MEGATRON8, {"model": {"path": "embedded:tiny-qwen3-vl"}}))
+    assert p.key == "actor.backend" and "vision-language model (qwen3_vl)" in p.message
     p = only(check(MEGATRON8, vlm))
     assert (
         p.key == "actor.backend"

@@ -1,4 +1,4 @@
-"""GRPO on a vision-language model end to end (local mode): the embedded tiny Qwen2.5-VL on the embedded shapes task,
+"""GRPO on a vision-language model end to end (local mode): the embedded tiny Qwen2.5-VL and Qwen3-VL on the embedded shapes task,
 the FSDP actor and the hf rollout colocated; image prompts through generation, the old-log-prob pass, the update and
 validation, the rollout's log-probs equal to the actor's."""
 
@@ -15,13 +15,14 @@ from verl.trainer.ppo import PPOTrainer
 pytestmark = pytest.mark.slow  # the fast tier skips this file (tagged "slow" in tests/BUILD too)
 
 
-def test_grpo_steps_on_image_prompts(tmp_path, embedded_cache, monkeypatch):
+@pytest.mark.parametrize("model", ["tiny-qwen2.5-vl", "tiny-qwen3-vl"])
+def test_grpo_steps_on_image_prompts(tmp_path, embedded_cache, monkeypatch, model):
     monkeypatch.setenv("VERL_CACHE", embedded_cache)
     cfg = tiny_config(
         "grpo_tiny",
         str(tmp_path),
         "trainer.controller=local",
-        "model.path=embedded:tiny-qwen2.5-vl",
+        f"model.path=embedded:{model}",
         "data.train_files=[embedded:shapes]",
         "data.val_files=[embedded:shapes-val]",
         "data.val_batch_size=100",

@@ -1,14 +1,15 @@
-"""The hf rollout on image prompts (the embedded tiny Qwen2.5-VL): sampled responses' log-probs equal the FSDP actor's
+"""The hf rollout on image prompts (the embedded tiny Qwen2.5-VL and Qwen3-VL): sampled responses' log-probs equal the FSDP actor's
 on the same rows, colocated (generation on the actor's module) and on a copy of its own after a weight sync (the
 checkpoint's names load into the model's renamed parameters); image markers are never sampled."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoTokenizer
 
 from tests.support.engines import gloo_world_one  # noqa: F401
-from tests.support.fixtures import embedded_cache, tiny_vlm_dir  # noqa: F401
+from tests.support.fixtures import embedded_cache  # noqa: F401
 from tests.support.image_batches import image_batch
 from verl.config.schema import OptimConfig, RolloutConfig
 from verl.data.vision import vision_token_ids
@@ -18,6 +19,13 @@ from verl_fsdp.engine import FSDPEngine
 from verl_rollout.hf import HFRollout
 
 NEW = 8
+
+
+@pytest.fixture(scope="module", params=["tiny-qwen2.5-vl", "tiny-qwen3-vl"])
+def vlm_dir(request, embedded_cache):  # noqa: F811
+    from verl.embedded.models import materialize_embedded_model
+
+    return materialize_embedded_model(request.param, embedded_cache)
 
 
 def _prompts(model_dir: str, cache: str) -> DataProto:
@@ -47,17 +55,15 @@ def _check_against_actor(actor: FSDPEngine, rollout: HFRollout, prompts: DataPro
     return out
 
 
-def test_colocated_image_prompts_sample_with_the_actors_log_probs(gloo_world_one, tiny_vlm_dir, embedded_cache):  # noqa: F811
-    actor = FSDPEngine(EngineConfig(model_path=tiny_vlm_dir, total_steps=1))
-    _check_against_actor(actor, _rollout(tiny_vlm_dir, actor), _prompts(tiny_vlm_dir, embedded_cache))
+def test_colocated_image_prompts_sample_with_the_actors_log_probs(gloo_world_one, vlm_dir, embedded_cache):  # noqa: F811
+    actor = FSDPEngine(EngineConfig(model_path=vlm_dir, total_steps=1))
+    _check_against_actor(actor, _rollout(vlm_dir, actor), _prompts(vlm_dir, embedded_cache))
 
 
-def test_a_rollout_copy_follows_the_actor_after_a_weight_sync(gloo_world_one, tiny_vlm_dir, embedded_cache):  # noqa: F811
-    actor = FSDPEngine(
-        EngineConfig(model_path=tiny_vlm_dir, optim=OptimConfig(lr=5e-2, weight_decay=0.0), total_steps=1)
-    )
-    rollout = _rollout(tiny_vlm_dir)
-    batch = image_batch(tiny_vlm_dir, embedded_cache)
+def test_a_rollout_copy_follows_the_actor_after_a_weight_sync(gloo_world_one, vlm_dir, embedded_cache):  # noqa: F811
+    actor = FSDPEngine(EngineConfig(model_path=vlm_dir, optim=OptimConfig(lr=5e-2, weight_decay=0.0), total_steps=1))
+    rollout = _rollout(vlm_dir)
+    batch = image_batch(vlm_dir, embedded_cache)
 
     def nll(out, mb):
         loss = -out["log_probs"].mean()
@@ -66,4 +72,4 @@ def test_a_rollout_copy_follows_the_actor_after_a_weight_sync(gloo_world_one, ti
     actor.train_step(batch, nll, micro_batch_size=4)
     moved = rollout.update_weights(actor.weights())
     assert moved == sum(p.numel() * 4 for p in rollout.module.parameters())  # every tensor, the vision tower's too
-    _check_against_actor(actor, rollout, _prompts(tiny_vlm_dir, embedded_cache))
+    _check_against_actor(actor, rollout, _prompts(vlm_dir, embedded_cache))

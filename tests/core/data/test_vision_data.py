@@ -201,3 +201,35 @@ def test_geometry3k_is_prepared_with_its_diagrams_and_scored_from_the_box(tmp_pa
             ),
             quiet=True,
         )
+
+
+def test_inputs_equal_transformers_qwen3_vl_processor(tmp_path, embedded_cache, monkeypatch):
+    """The same rows for the tiny Qwen3-VL (16-pixel patches): its processor's inputs, token for token."""
+    from transformers import Qwen3VLProcessor
+
+    from verl.embedded.models import materialize_embedded_model
+
+    model_dir = materialize_embedded_model("tiny-qwen3-vl", embedded_cache)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rows = make_shapes_rows(2, split="train")
+    data = RLDataset(
+        [_write(tmp_path, rows)],
+        tokenizer,
+        max_prompt_length=128,
+        processor=load_vision_processor(model_dir, tokenizer),
+    )
+    check = ProcessorMixin.check_argument_for_proper_class
+    monkeypatch.setattr(  # (as above: no torchvision, so no video processor class to check)
+        ProcessorMixin,
+        "check_argument_for_proper_class",
+        lambda self, name, arg: None if name == "video_processor" and arg is None else check(self, name, arg),
+    )
+    reference = Qwen3VLProcessor(image_processor=AutoImageProcessor.from_pretrained(model_dir), tokenizer=tokenizer)
+    for i in range(len(data)):
+        item = data[i]
+        images = [Image.open(io.BytesIO(v["bytes"])) for v in item["images"]]
+        expected = reference(text=[item["raw_prompt"]], images=images, return_tensors="pt")
+        assert item["input_ids"].tolist() == expected["input_ids"][0].tolist()
+        for key in ("pixel_values", "image_grid_thw"):
+            assert torch.equal(item["multi_modal_inputs"][key], expected[key]), key
+    assert data[0]["multi_modal_inputs"]["image_grid_thw"].tolist() == [[1, 4, 4]]  # 64 x 64: 4 image tokens

@@ -161,17 +161,25 @@ def test_the_embedded_mixture_of_experts_saves_per_expert_names(embedded_cache):
     assert tokenizer.decode(tokenizer("12+7=19").input_ids) == "12+7=19"
 
 
-def test_the_embedded_vision_language_model_loads_and_reads_an_image(tiny_vlm_dir):
-    """tiny-qwen2.5-vl: a Qwen2.5-VL folder that transformers' Auto classes load (the image processor its PIL one),
-    whose logits depend on the image's pixels."""
+@pytest.mark.parametrize(
+    "name, cls, parameters",
+    [
+        ("tiny-qwen2.5-vl", "Qwen2_5_VLForConditionalGeneration", 1068224),
+        ("tiny-qwen3-vl", "Qwen3VLForConditionalGeneration", 1273664),
+    ],
+)
+def test_the_embedded_vision_language_models_load_and_read_an_image(embedded_cache, name, cls, parameters):
+    """tiny-qwen2.5-vl and tiny-qwen3-vl: folders that transformers' Auto classes load (the image processor its PIL
+    one), whose logits depend on the image's pixels."""
     from transformers import AutoImageProcessor, AutoModelForImageTextToText
 
     from verl.data.vision import load_vision_processor
     from verl.embedded.shapes import draw_shapes
 
+    tiny_vlm_dir = materialize_embedded_model(name, embedded_cache)
     model = AutoModelForImageTextToText.from_pretrained(tiny_vlm_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_vlm_dir)
-    assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration" and num_parameters(model) == 1068224
+    assert type(model).__name__ == cls and num_parameters(model) == parameters
     assert type(AutoImageProcessor.from_pretrained(tiny_vlm_dir)).__name__ == "Qwen2VLImageProcessorPil"
     assert len(tokenizer) == 87 and tokenizer.decode(tokenizer("12+7=")["input_ids"]) == "12+7="  # chars as before
     processor = load_vision_processor(tiny_vlm_dir, tokenizer)

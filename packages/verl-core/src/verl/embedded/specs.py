@@ -132,4 +132,50 @@ EMBEDDED_MODELS: dict[str, EmbeddedModelSpec] = {
         },
         seed=0,
     ),
+    # ~1M parameters: a Qwen3-VL with a Qwen3 text model of tiny-llama's shape (q/k norms) and a 2-block vision
+    # tower (16-pixel patches, 2 x 2 merged: a 64 x 64 image is 4 image tokens) whose blocks' features are also
+    # added to the first two text layers' image positions (deepstack); interleaved multimodal rotary positions.
+    "tiny-qwen3-vl": EmbeddedModelSpec(
+        model_type="qwen3_vl",
+        settings={
+            "text_config": {
+                "hidden_size": 128,
+                "num_hidden_layers": 4,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": 32,
+                "intermediate_size": 384,
+                "max_position_embeddings": 128,
+                "rms_norm_eps": 1e-5,
+                "tie_word_embeddings": False,
+                # 16 rotary frequencies, interleaved between time, height and width (Qwen3-VL's 24/20/20 of 64)
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "rope_theta": 10000.0,
+                    "mrope_section": [6, 5, 5],
+                    "mrope_interleaved": True,
+                },
+            },
+            "vision_config": {
+                "depth": 2,
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_heads": 2,
+                "out_hidden_size": 128,
+                "patch_size": 16,
+                "spatial_merge_size": 2,
+                "temporal_patch_size": 2,
+                "num_position_embeddings": 16,  # (a 4 x 4 grid of learned positions, interpolated to the image)
+                "deepstack_visual_indexes": [0, 1],
+            },
+            "tie_word_embeddings": False,
+        },
+        image_processor={
+            "size": {"shortest_edge": 64 * 64, "longest_edge": 64 * 64},  # (pixels: every image becomes 64 x 64)
+            "patch_size": 16,
+            "merge_size": 2,
+            "temporal_patch_size": 2,
+        },
+        seed=0,
+    ),
 }
