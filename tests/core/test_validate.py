@@ -272,6 +272,16 @@ def test_a_vision_language_model_trains_on_fsdp_with_the_hf_rollout_and_nothing_
         assert key in {p.key for p in errors(check(folder, update, strict=False))}, key
 
 
+def test_a_vision_language_model_generates_with_vllm_on_a_gpu_only():
+    vlm = {"model": {"path": "embedded:tiny-qwen2.5-vl"}, "rollout": {"backend": "vllm"}}
+    p = only(check(vlm))
+    assert p.key == "rollout.backend" and "torchvision" in p.message and p.fix == "set rollout.backend=hf"
+    gpu = {"placement": {"device": "cuda"}}
+    assert "rollout.backend" not in {p.key for p in errors(check(vlm, gpu))}
+    p = [p for p in errors(check(vlm, gpu, {"rollout": {"backend": "sglang"}})) if p.key == "rollout.backend"][0]
+    assert "sglang" in p.message and p.fix == "set rollout.backend=hf or vllm"
+
+
 def test_a_vision_tower_is_frozen_only_where_the_model_has_one():
     freeze = {"actor": {"freeze_vision_tower": True}}
     assert not errors(check({"model": {"path": "embedded:tiny-qwen2.5-vl"}}, freeze))

@@ -31,13 +31,14 @@
 # | setup: TransformerEngine, flash-attn (prebuilt wheels only)      | B_SETUP_OPTIONAL  |     20 |
 # | test: NCCL weight transfer between pools                         | B_WEIGHT_TRANSFER |     10 |
 # | test: rollout contract on vLLM and SGLang                        | B_ROLLOUT         |     60 |
+# | test: vLLM on image prompts (Qwen2.5-VL, Qwen3-VL)               | B_VISION          |     30 |
 # | test: FSDP padding-free rows through flash-attention             | B_FSDP            |     15 |
 # | test: megatron parity on one GPU                                 | B_MEGATRON        |     35 |
 # | test: offload between phases                                     | B_OFFLOAD         |     25 |
 # | test: memory plan against the allocator's peaks                  | B_MEMORY          |     10 |
 # | test: Triton log-prob kernels on the device                      | B_KERNELS         |     15 |
-# | test: grpo_tiny_megatron steps on the GPU                        | B_MEGATRON_STEPS  |     30 |
-# | bench: GRPO step on Qwen2.5-0.5B shapes                          | B_GRPO            |     80 |
+# | test: grpo_tiny_megatron steps on the GPU                        | B_MEGATRON_STEPS  |     20 |
+# | bench: GRPO step on Qwen2.5-0.5B shapes                          | B_GRPO            |     60 |
 # | bench: fused log-prob kernels at 150k vocabulary                 | B_LOGPROB         |     25 |
 # | bench: weight sync between two processes over NCCL               | B_WEIGHT_SYNC     |     15 |
 # | total                                                            | TOTAL_BUDGET_S    |    480 |
@@ -48,13 +49,14 @@ B_SETUP=140
 B_SETUP_OPTIONAL=20
 B_WEIGHT_TRANSFER=10
 B_ROLLOUT=60
+B_VISION=30
 B_FSDP=15
 B_MEGATRON=35
 B_OFFLOAD=25
 B_MEMORY=10
 B_KERNELS=15
-B_MEGATRON_STEPS=30
-B_GRPO=80
+B_MEGATRON_STEPS=20
+B_GRPO=60
 B_LOGPROB=25
 B_WEIGHT_SYNC=15
 TOTAL_BUDGET_S=480
@@ -64,6 +66,7 @@ MIN_SECTION_S=10
 TESTS=(
   "weight_transfer|B_WEIGHT_TRANSFER|NCCL weight transfer between pools, bitwise, GB/s; async mode on a vLLM TP=2 replica (3 GPUs; skip on fewer)|tests/gpu/test_weight_transfer_gpu.py tests/gpu/test_async_tp_gpu.py"
   "rollout|B_ROLLOUT|rollout contract on vLLM and SGLang: log-probs against the FSDP actor, weight sync, sleep/wake, LoRA adapters|tests/gpu/test_rollout_gpu.py"
+  "vision|B_VISION|vLLM on image prompts (tiny Qwen2.5-VL and Qwen3-VL): log-probs against the FSDP actor, before and after a weight sync|tests/gpu/test_vision_gpu.py"
   "fsdp|B_FSDP|FSDP padding-free rows through flash-attention's varlen kernels (needs flash-attn); tp=2 and cp=2 against one GPU (2 GPUs)|tests/gpu/test_fsdp_gpu.py tests/gpu/test_fsdp_parallel_gpu.py"
   "megatron|B_MEGATRON|megatron parity: log-probs against HF, HF <-> mcore exact, bf16 steps, THD rows with TransformerEngine; TP/PP/CP with 2 GPUs|tests/gpu/test_megatron_gpu.py --deselect tests/gpu/test_megatron_gpu.py::test_grpo_tiny_megatron_steps_on_one_gpu"
   "offload|B_OFFLOAD|offload between phases: device memory given back, the same steps (FSDP, megatron)|tests/gpu/test_offload_gpu.py"

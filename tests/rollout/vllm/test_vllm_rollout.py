@@ -71,3 +71,13 @@ def test_a_tensor_that_never_reached_vllm_is_named(rollout, llama_dir):
     the norms and the head are read back. (On GPU every parameter is: tests/gpu.)"""
     problem = contract.check_weights_verified_after_sync(rollout, llama_dir, "model.layers.0.input_layernorm.weight")
     assert problem.startswith("model.layers.0.input_layernorm.weight on rank(s) 0")
+
+
+def test_a_vision_language_model_on_the_cpu_build_is_refused_by_name(embedded_cache):  # noqa: F811
+    """vLLM's vision-language models import torchvision, which this CPU build has not: refused before vLLM starts,
+    saying what to use instead (on a GPU the rollout takes images: tests/gpu/test_rollout_gpu.py)."""
+    from verl.embedded.models import materialize_embedded_model
+
+    folder = materialize_embedded_model("tiny-qwen2.5-vl", embedded_cache)
+    with pytest.raises(ValueError, match="takes images on a GPU only.*rollout.backend=hf"):
+        VLLMRollout(RolloutConfig(), model_path=folder, settings=RolloutSettings(**contract.SETTINGS))

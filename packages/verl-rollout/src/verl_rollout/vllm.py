@@ -37,7 +37,9 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
+from transformers import AutoConfig
 
+from verl.data.vision import is_vision_model, vision_token_ids
 from verl.engine_protocol import (
     ROUTED_EXPERTS,
     AdapterRolloutEngine,
@@ -50,6 +52,7 @@ from verl.engine_protocol import (
 from verl.protocol import DataProto
 from verl.rollout_batch import assemble_rollout, pad_rows, unpadded_prompts
 from verl.workers.weight_check import Fingerprint, Target, fingerprint, scaled_like_the_loader
+from verl_rollout.image_requests import PatchLayout, image_prompt
 from verl_rollout.routes import place_routes
 
 # Set before vLLM is imported: the engine core must live in this process (the weight iterator and the
@@ -138,6 +141,9 @@ def _param_dtypes(worker: Any) -> Dict[str, Any]:
         "packed": dict(getattr(model, "packed_modules_mapping", {})),
         "tied": bool(getattr(config, "tie_word_embeddings", False)),
         "lora_dtype": slots[0].dtype if slots else None,
+        # checkpoint name prefixes -> the model's (a vision-language model: its language model's parameters sit
+        # under language_model.); None: not loaded
+        "prefixes": dict(getattr(getattr(model, "hf_to_vllm_mapper", None), "orig_to_new_prefix", None) or {}),
     }
 
 
@@ -194,9 +200,23 @@ class VLLMRollout:
         on_gpu = device.startswith("cuda")
         tp = int(cfg.parallel.tp or 1)
         self.sleep_mode = bool(cfg.free_cache_engine) and on_gpu
+        # A vision-language model: vLLM processes the images itself (from pictures, verl_rollout.image_requests),
+        # with the model's processor, which needs the folder's tokenizer.
+        hf_config = AutoConfig.from_pretrained(model_path)
+        self.vision = is_vision_model(hf_config)
+        if self.vision:
+            if not on_gpu:
+                raise ValueError(
+                    "the vllm rollout takes images on a GPU only: vLLM's vision-language models import torchvision, "
+                    "which its CPU build here lacks; use rollout.backend=hf"
+                )
+            self.image_layout = PatchLayout.of_folder(model_path)
+            self.image_token_id = int(hf_config.image_token_id)
+            # never sample an image marker: the actor's next pass would count image tokens without pixels
+            self.vision_bias = {i: -100.0 for i in vision_token_ids(hf_config)}
         kwargs = dict(
             model=model_path,
-            skip_tokenizer_init=True,
+            skip_tokenizer_init=not self.vision,
             # The CPU actor computes in float32; matching it keeps trainer and rollout log-probs comparable.
             dtype=dtype if on_gpu else "float32",
             enforce_eager=bool(cfg.enforce_eager) or not on_gpu,
@@ -209,6 +229,8 @@ class VLLMRollout:
             kwargs["max_model_len"] = max_prompt_length + max_new_tokens
         if lora_rank:
             kwargs.update(enable_lora=True, max_lora_rank=lora_slot(lora_rank), max_loras=1)
+        if self.vision:
+            kwargs["limit_mm_per_prompt"] = {"video": 0}  # (images only: no video processing, none profiled)
         if on_gpu:
             kwargs["gpu_memory_utilization"] = float(cfg.gpu_memory_utilization)
         if tp > 1:
@@ -254,6 +276,7 @@ class VLLMRollout:
             stop_token_ids=self.eos_ids,
             logprobs=0,  # the sampled token's log-prob only
             detokenize=False,
+            logit_bias=self.vision_bias if self.vision else None,
         )
 
     @torch.no_grad()
@@ -277,7 +300,7 @@ class VLLMRollout:
         # vLLM treats temperature 0 as greedy, and samples n > 1 only at random: greedy copies are separate requests
         if n > 1 and temperature <= 0:
             prompts, n = prompts.repeat(n, interleave=True), 1
-        requests = [TokensPrompt(prompt_token_ids=ids) for ids in unpadded_prompts(prompts)]
+        requests = self._requests(prompts)
         outputs = self.llm.generate(
             requests, self._sampling(n, temperature, width), use_tqdm=False, lora_request=self.lora_request
         )
@@ -300,6 +323,19 @@ class VLLMRollout:
             placed = place_routes(routes, prompt_lengths, prompts.batch["input_ids"].shape[1], width)
             batch = batch.union(DataProto.from_dict({ROUTED_EXPERTS: placed}))
         return batch
+
+    def _requests(self, prompts: DataProto) -> List[TokensPrompt]:
+        """The prompts as vLLM requests: their tokens, and an image row's pictures with each image's pads as one."""
+        ids = unpadded_prompts(prompts)
+        images = prompts.non_tensor_batch.get("multi_modal_inputs")
+        if images is None or not any(images):
+            return [TokensPrompt(prompt_token_ids=row) for row in ids]
+        if not self.vision:
+            raise ValueError("image prompts reached a vllm rollout whose model has no vision tower")
+        return [
+            TokensPrompt(**image_prompt(row, inputs, self.image_layout, self.image_token_id))  # type: ignore[typeddict-item]
+            for row, inputs in zip(ids, images)
+        ]
 
     # ---- request-level stepping (the rollout service) ------------------------------------------------------
     def add_request(self, request_id: str, prompt: List[int], *, temperature: float, max_tokens: int) -> None:
@@ -360,6 +396,13 @@ class VLLMRollout:
         if self._layout is None:
             self._layout = self.llm.collective_rpc(_param_dtypes)[0]
         params, packed = self._layout["params"], self._layout["packed"]
+        checkpoint_name = name
+        for prefix in sorted(self._layout["prefixes"], key=len, reverse=True):  # (the longest match, as vLLM maps)
+            if name.startswith(prefix):
+                if self._layout["prefixes"][prefix] is None:
+                    return None
+                name = self._layout["prefixes"][prefix] + name[len(prefix) :]
+                break
         part_of = {part: (fused, i) for fused, parts in packed.items() for i, part in enumerate(parts)}
         adapter = _ADAPTER.match(name)
         if adapter:
@@ -378,9 +421,9 @@ class VLLMRollout:
             for key in (candidate, candidate.replace(".weight", ".base_layer.weight")):  # (LoRA-wrapped layers)
                 if key in params:
                     return Target(key, params[key])
-        if name == "lm_head.weight" and self._layout["tied"]:
+        if checkpoint_name == "lm_head.weight" and self._layout["tied"]:
             return None  # the head is the input embedding
-        raise KeyError(f"the vLLM model has no parameter that checkpoint tensor '{name}' loads into")
+        raise KeyError(f"the vLLM model has no parameter that checkpoint tensor '{checkpoint_name}' loads into")
 
     def weight_fingerprints(self) -> Optional[Dict[str, Optional[Fingerprint]]]:
         """This rank's fingerprint of each of vLLM's parameters (its tensor-parallel shard; None for weights held

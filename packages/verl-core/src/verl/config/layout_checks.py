@@ -401,8 +401,8 @@ def model_known(cfg: Any) -> bool:
 
 
 def check_vision_model(ctx: Context) -> List[ConfigProblem]:
-    """What a vision-language model trains with: the fsdp actor (data parallel) and the hf rollout, synchronous, one
-    completion per sample, no critic or LoRA; each other choice refused at its key."""
+    """What a vision-language model trains with: the fsdp actor (data parallel) and the hf rollout (or vllm on a
+    GPU), synchronous, one completion per sample, no critic or LoRA; each other choice refused at its key."""
     kind = model_vision_type(ctx.cfg)
     if kind is None:
         if value(ctx.cfg, "actor.freeze_vision_tower") and model_known(ctx.cfg):
@@ -411,16 +411,27 @@ def check_vision_model(ctx: Context) -> List[ConfigProblem]:
             return [error_at(key, why, f"set {key}=false")]
         return []
     cfg, vlm = ctx.cfg, f"a vision-language model ({kind})"
+    on_gpu = value(cfg, "placement.device") == "cuda"
+    rollout_ok = ("hf", "vllm") if on_gpu else ("hf",)
+    problems = []
+    if value(cfg, "rollout.backend") not in rollout_ok:
+        key, got = "rollout.backend", value(cfg, "rollout.backend")
+        why = (
+            "the sglang rollout takes no images here"
+            if on_gpu
+            else "vLLM's vision-language models need torchvision, which its CPU build here lacks (vllm takes images "
+            "on a GPU)"
+        )
+        fix = f"set {key}=hf" + (" or vllm" if on_gpu else "")
+        problems.append(error_at(key, f"is {got!r}, and {vlm} generates with {' or '.join(rollout_ok)}: {why}", fix))
     limits = [  # (key, what it must be, why not otherwise)
         ("actor.backend", "fsdp", "megatron-core's multimodal model is not wired to the megatron engine"),
-        ("rollout.backend", "hf", "the vllm and sglang rollouts take no images here"),
         ("actor.parallel.tp", 1, "tensor parallel plans cover text decoders only"),
         ("actor.parallel.cp", 1, "sequence parallelism splits 1-D positions, and image rows have 3-D ones"),
         ("trainer.mode", "sync", "the rollout service takes token requests without pixels"),
         ("rollout.agent.loop", None, "agent loops send token requests without pixels"),
         ("actor.lora.rank", 0, "LoRA targets are chosen for text decoders"),
     ]
-    problems = []
     for key, wanted, why in limits:
         got = value(cfg, key)
         if got != wanted and not (wanted == 1 and got is None):
