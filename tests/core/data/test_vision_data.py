@@ -35,8 +35,8 @@ def _write(tmp_path, rows, name="images.parquet") -> str:
     return path
 
 
-def _reference_processor(tiny_vlm_dir, tokenizer, monkeypatch):
-    """transformers' own Qwen2.5-VL processor over the model's tokenizer and image processor. (Its constructor checks
+def _reference_processor(model_dir, tokenizer, monkeypatch, cls=Qwen2_5_VLProcessor):
+    """transformers' own processor (`cls`) over the model's tokenizer and image processor. (Its constructor checks
     the class of every part, the absent video processor too, and that class lookup fails where torchvision is not
     installed; only that check is skipped.)"""
     check = ProcessorMixin.check_argument_for_proper_class
@@ -45,7 +45,18 @@ def _reference_processor(tiny_vlm_dir, tokenizer, monkeypatch):
         return None if name == "video_processor" and arg is None else check(self, name, arg)
 
     monkeypatch.setattr(ProcessorMixin, "check_argument_for_proper_class", skip_video)
-    return Qwen2_5_VLProcessor(image_processor=AutoImageProcessor.from_pretrained(tiny_vlm_dir), tokenizer=tokenizer)
+    return cls(image_processor=AutoImageProcessor.from_pretrained(model_dir), tokenizer=tokenizer)
+
+
+def _assert_inputs_equal_the_reference(data, reference):
+    """Every row's token ids, pixels and grids as transformers' processor makes them from its prompt and images."""
+    for i in range(len(data)):
+        item = data[i]
+        images = [Image.open(io.BytesIO(v["bytes"])) for v in item["images"]]
+        expected = reference(text=[item["raw_prompt"]], images=images, return_tensors="pt")
+        assert item["input_ids"].tolist() == expected["input_ids"][0].tolist()
+        for key in ("pixel_values", "image_grid_thw"):
+            assert torch.equal(item["multi_modal_inputs"][key], expected[key]), key
 
 
 def test_inputs_equal_transformers_qwen2_5_vl_processor(tmp_path, vlm, tiny_vlm_dir, monkeypatch):
@@ -54,14 +65,7 @@ def test_inputs_equal_transformers_qwen2_5_vl_processor(tmp_path, vlm, tiny_vlm_
     two = {**rows[0], "prompt": [{"role": "user", "content": "<image>and<image>: how many in all?"}]}
     two["images"] = [rows[0]["images"][0], {"bytes": _png((84, 56), "blue"), "path": None}]  # another size too
     data = RLDataset([_write(tmp_path, [*rows, two])], tokenizer, max_prompt_length=128, processor=processor)
-    reference = _reference_processor(tiny_vlm_dir, tokenizer, monkeypatch)
-    for i in range(len(data)):
-        item = data[i]
-        images = [Image.open(io.BytesIO(v["bytes"])) for v in item["images"]]
-        expected = reference(text=[item["raw_prompt"]], images=images, return_tensors="pt")
-        assert item["input_ids"].tolist() == expected["input_ids"][0].tolist()
-        for key in ("pixel_values", "image_grid_thw"):
-            assert torch.equal(item["multi_modal_inputs"][key], expected[key]), key
+    _assert_inputs_equal_the_reference(data, _reference_processor(tiny_vlm_dir, tokenizer, monkeypatch))
     # the 84 x 56 image scaled within the processor's 56 * 56 pixels: 2 x 4 patches, 1 x 2 after the 2 x 2 merge
     assert data[3]["multi_modal_inputs"]["image_grid_thw"].tolist() == [[1, 4, 4], [1, 2, 4]]
     pad = tokenizer.convert_tokens_to_ids("<|image_pad|>")
@@ -218,18 +222,5 @@ def test_inputs_equal_transformers_qwen3_vl_processor(tmp_path, embedded_cache, 
         max_prompt_length=128,
         processor=load_vision_processor(model_dir, tokenizer),
     )
-    check = ProcessorMixin.check_argument_for_proper_class
-    monkeypatch.setattr(  # (as above: no torchvision, so no video processor class to check)
-        ProcessorMixin,
-        "check_argument_for_proper_class",
-        lambda self, name, arg: None if name == "video_processor" and arg is None else check(self, name, arg),
-    )
-    reference = Qwen3VLProcessor(image_processor=AutoImageProcessor.from_pretrained(model_dir), tokenizer=tokenizer)
-    for i in range(len(data)):
-        item = data[i]
-        images = [Image.open(io.BytesIO(v["bytes"])) for v in item["images"]]
-        expected = reference(text=[item["raw_prompt"]], images=images, return_tensors="pt")
-        assert item["input_ids"].tolist() == expected["input_ids"][0].tolist()
-        for key in ("pixel_values", "image_grid_thw"):
-            assert torch.equal(item["multi_modal_inputs"][key], expected[key]), key
+    _assert_inputs_equal_the_reference(data, _reference_processor(model_dir, tokenizer, monkeypatch, Qwen3VLProcessor))
     assert data[0]["multi_modal_inputs"]["image_grid_thw"].tolist() == [[1, 4, 4]]  # 64 x 64: 4 image tokens
