@@ -402,7 +402,8 @@ def model_known(cfg: Any) -> bool:
 
 def check_vision_model(ctx: Context) -> List[ConfigProblem]:
     """What a vision-language model trains with: the fsdp actor (data parallel) and the hf rollout (or vllm on a
-    GPU), synchronous, one completion per sample, no critic or LoRA; each other choice refused at its key."""
+    GPU), sync or one step off, one completion per sample, no critic or LoRA; each other choice refused at its
+    key."""
     kind = model_vision_type(ctx.cfg)
     if kind is None:
         if value(ctx.cfg, "actor.freeze_vision_tower") and model_known(ctx.cfg):
@@ -424,11 +425,13 @@ def check_vision_model(ctx: Context) -> List[ConfigProblem]:
         )
         fix = f"set {key}=hf" + (" or vllm" if on_gpu else "")
         problems.append(error_at(key, f"is {got!r}, and {vlm} generates with {' or '.join(rollout_ok)}: {why}", fix))
+    if value(cfg, "trainer.mode") == "async":  # (one_step_off generates whole batches, images and all)
+        why = f"is 'async', and {vlm} trains sync or one_step_off: the rollout service takes token requests without pixels"
+        problems.append(error_at("trainer.mode", why, "set trainer.mode=one_step_off (or sync)"))
     limits = [  # (key, what it must be, why not otherwise)
         ("actor.backend", "fsdp", "megatron-core's multimodal model is not wired to the megatron engine"),
         ("actor.parallel.tp", 1, "tensor parallel plans cover text decoders only"),
         ("actor.parallel.cp", 1, "sequence parallelism splits 1-D positions, and image rows have 3-D ones"),
-        ("trainer.mode", "sync", "the rollout service takes token requests without pixels"),
         ("rollout.agent.loop", None, "agent loops send token requests without pixels"),
         ("actor.lora.rank", 0, "LoRA targets are chosen for text decoders"),
     ]
