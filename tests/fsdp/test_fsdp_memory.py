@@ -48,6 +48,20 @@ def test_fsdp_estimate_equals_the_engines_tensors(gloo_world_one, embedded_cache
     assert reference.held_bytes() == fsdp_state_bytes(trained_shapes(shapes, False), dp=1).as_dict()
 
 
+def test_a_frozen_vision_tower_has_no_gradients_or_optimizer_state(gloo_world_one, embedded_cache):  # noqa: F811
+    """actor.freeze_vision_tower: the estimate leaves the tower's gradients and Adam moments out, as the engine does."""
+    from verl.embedded.models import materialize_embedded_model
+    from verl_fsdp.engine import FSDPEngine
+
+    path = materialize_embedded_model("tiny-qwen2.5-vl", embedded_cache)
+    shapes = hf_parameter_shapes(AutoConfig.from_pretrained(path), freeze_vision_tower=True)
+    assert {n for n, _, trains in shapes if not trains} == {n for n, _, _ in shapes if ".visual." in f".{n}"}
+    cfg = EngineConfig(model_path=path, optim=OptimConfig(lr=1e-3), total_steps=2, freeze_vision_tower=True)
+    engine = FSDPEngine(cfg)
+    engine.train_step(image_batch(path, embedded_cache), _nll, micro_batch_size=2)
+    assert engine.held_bytes() == fsdp_state_bytes(trained_shapes(shapes, True), dp=1).as_dict()
+
+
 def test_the_critics_parameters_are_the_trunk_with_a_one_number_head(gloo_world_one, embedded_cache):  # noqa: F811
     from verl.embedded.models import materialize_embedded_model
     from verl_fsdp.engine import FSDPEngine

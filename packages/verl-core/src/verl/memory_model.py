@@ -150,13 +150,24 @@ def role_states(cfg: Any, plan: Any, role: str, spec: Any) -> List[StateBytes]:
     layout and settings (validate's lines and table, and a search's re-plans, ask again)."""
     kind, trains = ("value", True) if role == "critic" else ("causal_lm", role != "ref")
     hf, rp, lora, dtype = role_hf_config(cfg, plan, role), plan.role(role), lora_of(cfg, role), compute_dtype(cfg, plan)
+    frozen = role == "actor" and bool(cfg.actor.get("freeze_vision_tower", False))  # (fsdp: the only engine with it)
     sizes = rp.layout.sizes()
-    key = (str(hf._name_or_path), tuple(sorted(sizes.items())), kind, trains, str(dtype), repr(lora), rp.backend)
+    key = (
+        str(hf._name_or_path),
+        tuple(sorted(sizes.items())),
+        kind,
+        trains,
+        str(dtype),
+        repr(lora),
+        frozen,
+        rp.backend,
+    )
     if key not in _STATES:
+        options = {**({"lora": lora} if lora else {}), **({"freeze_vision_tower": True} if frozen else {})}
         with warnings.catch_warnings():  # (megatron announces its apex/TransformerEngine fallbacks: not news here)
             warnings.simplefilter("ignore")
             _STATES[key] = spec.load("memory_model").state_bytes(
-                hf, sizes, kind=kind, trains=trains, dtype=dtype, **({"lora": lora} if lora else {})
+                hf, sizes, kind=kind, trains=trains, dtype=dtype, **options
             )
     return _STATES[key]
 

@@ -38,11 +38,11 @@ def fsdp_state_bytes(shapes: Iterable[Tuple[Tuple[int, ...], bool]], dp: int, ra
 
 
 def hf_parameter_shapes(
-    hf_config: Any, kind: str = "causal_lm", lora: Optional[Any] = None
+    hf_config: Any, kind: str = "causal_lm", lora: Optional[Any] = None, freeze_vision_tower: bool = False
 ) -> List[Tuple[str, Tuple[int, ...], bool]]:
     """(name, shape, trains) of every parameter of the Hugging Face model `hf_config` describes, built on the meta
     device (no memory): what the FSDP engine loads, with `lora`'s adapters when given (then only they, and a value
-    head, train). A tied output head is one tensor."""
+    head, train), its vision tower not training when frozen. A tied output head is one tensor."""
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForTokenClassification
 
@@ -59,6 +59,10 @@ def hf_parameter_shapes(
             from verl_fsdp.lora import apply_lora
 
             model = apply_lora(model, lora, kind)
+        if freeze_vision_tower:  # (as the engine freezes it)
+            from verl_fsdp.vision import vision_tower
+
+            vision_tower(model).requires_grad_(False)
     return [(name, tuple(p.shape), p.requires_grad) for name, p in model.named_parameters()]
 
 
@@ -99,12 +103,14 @@ def state_bytes(
     trains: bool = True,
     dtype: Optional[Any] = None,
     lora: Optional[Any] = None,
+    freeze_vision_tower: bool = False,
 ) -> List[StateBytes]:
     """verl.memory_model's backend entry: the state on rank 0 (the largest), one stage: tensor-parallel pieces
     (tp), then FSDP's rows over the dp x cp ranks. `dtype` does not matter: the master weights are fp32 whatever
     the compute dtype."""
     tp, cp, dp = (int(sizes.get(axis) or 1) for axis in ("tp", "cp", "dp"))
-    shapes = trained_shapes(tp_shapes(hf_parameter_shapes(hf_config, kind, lora), hf_config, tp), trains)
+    shapes = hf_parameter_shapes(hf_config, kind, lora, freeze_vision_tower)
+    shapes = trained_shapes(tp_shapes(shapes, hf_config, tp), trains)
     return [fsdp_state_bytes(shapes, dp * cp)]
 
 
