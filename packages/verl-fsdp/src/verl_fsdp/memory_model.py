@@ -109,9 +109,8 @@ def state_bytes(
     (tp), then FSDP's rows over the dp x cp ranks. `dtype` does not matter: the master weights are fp32 whatever
     the compute dtype."""
     tp, cp, dp = (int(sizes.get(axis) or 1) for axis in ("tp", "cp", "dp"))
-    shapes = hf_parameter_shapes(hf_config, kind, lora, freeze_vision_tower)
-    shapes = trained_shapes(tp_shapes(shapes, hf_config, tp), trains)
-    return [fsdp_state_bytes(shapes, dp * cp)]
+    named = hf_parameter_shapes(hf_config, kind, lora, freeze_vision_tower)
+    return [fsdp_state_bytes(trained_shapes(tp_shapes(named, hf_config, tp), trains), dp * cp)]
 
 
 QK_NORM = ("qwen3", "qwen3_moe")  # model types with per-head query/key RMSNorm
