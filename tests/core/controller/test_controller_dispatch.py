@@ -318,3 +318,17 @@ def test_init_ray_refuses_sizes_for_an_existing_cluster(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     with pytest.raises(ValueError, match=r"num_cpus/num_gpus size a new local cluster, but address='10.0.0.1:6379'"):
         init_ray(num_cpus=2)
+
+
+def test_a_call_counts_the_tensors_inside_an_object_column():
+    """perf/worker_bytes_sent: an image run's rows carry their pixels in a non-tensor column (a dict of tensors per
+    row); those bytes count, as the batch's tensors do."""
+    import numpy as np
+
+    from verl.controller.worker_group import payload_bytes
+
+    pixels = [{"pixel_values": torch.zeros(16, 1176), "image_grid_thw": torch.ones(1, 3, dtype=torch.long)}, {}]
+    column = np.empty(2, dtype=object)
+    column[:] = pixels
+    batch = DataProto.from_dict({"input_ids": torch.zeros(2, 5, dtype=torch.long)}, {"multi_modal_inputs": column})
+    assert payload_bytes(batch) == 2 * 5 * 8 + 16 * 1176 * 4 + 3 * 8

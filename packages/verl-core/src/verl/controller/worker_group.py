@@ -85,8 +85,8 @@ def payload_bytes(value: Any) -> int:
         return tensors + sum(payload_bytes(a) for a in value.non_tensor_batch.values())
     if isinstance(value, torch.Tensor):
         return value.numel() * value.element_size()
-    if isinstance(value, np.ndarray):
-        return int(value.nbytes)
+    if isinstance(value, np.ndarray):  # an object column (per row a dict of tensors: images' pixels): what it holds
+        return sum(payload_bytes(v) for v in value) if value.dtype == object else int(value.nbytes)
     if isinstance(value, dict):
         return sum(payload_bytes(v) for v in value.values())
     if isinstance(value, (list, tuple)):
