@@ -73,3 +73,40 @@ def test_a_rollout_copy_follows_the_actor_after_a_weight_sync(gloo_world_one, vl
     moved = rollout.update_weights(actor.weights())
     assert moved == sum(p.numel() * 4 for p in rollout.module.parameters())  # every tensor, the vision tower's too
     _check_against_actor(actor, rollout, _prompts(vlm_dir, embedded_cache))
+
+
+def test_the_rollout_service_continues_image_prompts_turn_by_turn(gloo_world_one, vlm_dir, embedded_cache):  # noqa: F811
+    """trainer.mode=async's service on the hf rollout: image prompts as requests, one token a turn (each turn the
+    prompt, its images and the tokens so far computed again, as after a weight load); the finished samples'
+    log-probs are the actor's on the whole rows."""
+    import time
+
+    from verl.rollout_batch import assemble_rollout, pad_rows, unpadded_prompts
+    from verl.workers.rollout_server import Request, RolloutServer
+
+    actor = FSDPEngine(EngineConfig(model_path=vlm_dir, total_steps=1))
+    rollout = _rollout(vlm_dir)
+    prompts = _prompts(vlm_dir, embedded_cache)
+    images = prompts.non_tensor_batch["multi_modal_inputs"]
+    eos = rollout.eos_ids
+    server = RolloutServer(rollout, eos_ids=eos, pad_id=rollout.pad_token_id, max_new_tokens=NEW, chunk=1)
+    try:
+        torch.manual_seed(0)
+        server.submit([Request(str(i), ids, images=images[i]) for i, ids in enumerate(unpadded_prompts(prompts))])
+        done, deadline = {}, time.monotonic() + 120
+        while len(done) < len(prompts) and time.monotonic() < deadline:
+            done.update({f.id: f for f in server.poll(timeout_s=1.0)})
+    finally:
+        server.close()
+    rows = [done[str(i)] for i in range(len(prompts))]
+    assert sum(len(f.tokens) for f in rows) > 2 * len(rows)  # (turns past the first: continued with their images)
+    batch = assemble_rollout(
+        prompts,
+        pad_rows([f.tokens for f in rows], NEW, rollout.pad_token_id, torch.long),
+        pad_rows([f.log_probs for f in rows], NEW, 0.0, torch.float32),
+        torch.tensor([len(f.tokens) for f in rows]),
+        eos_ids=eos,
+    )
+    mask = batch.batch["response_mask"]
+    want = actor.infer(batch, micro_batch_size=8).batch["log_probs"]
+    assert ((want - batch.batch["rollout_log_probs"]) * mask).abs().max() < 1e-5

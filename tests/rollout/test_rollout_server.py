@@ -56,3 +56,17 @@ def test_an_engine_failure_is_raised_by_poll():
     with pytest.raises(RuntimeError, match="engine failed: MemoryError"):
         broken.poll(timeout_s=10)
     broken.close()
+
+
+def test_image_requests_are_refused_by_an_engine_that_schedules_token_prompts():
+    """A stepped engine (vLLM's scheduler) takes token prompts only: an image request is refused by name at submit
+    (the hf rollout's service takes them: tests/rollout/test_hf_vision.py)."""
+
+    class Stepped:
+        def step_requests(self):
+            return []
+
+    server = RolloutServer(Stepped(), eos_ids=[], pad_id=contract.PAD, max_new_tokens=4)
+    with pytest.raises(ValueError, match="request 'x' has images.*Stepped.*hf rollout"):
+        server.submit([Request("x", [3, 4], images={"pixel_values": None})])
+    server.close()

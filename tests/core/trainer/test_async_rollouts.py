@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -181,3 +182,29 @@ def test_the_pool_rate_is_reported_on_a_step_whose_batch_was_ready_before():
     )
     rates = [source.next_batch(step)[1]["perf/rollout_tokens_per_s"] for step in range(3)]
     assert rates == [600.0, 600.0, 200.0]  # tokens / busy seconds x replicas (each replica's busy time is summed)
+
+
+def test_image_prompts_send_their_pixels_with_each_request():
+    """A vision-language run's prompt rows carry their pixels (multi_modal_inputs): each sample's request takes its
+    prompt's, a text row's none; the assembled batch keeps the column for the trainer's passes."""
+
+    class Recording(SimulatedService):
+        def submit(self, requests, groups=None):
+            self.requests = list(requests)
+            super().submit(requests, groups)
+
+    class ImageLoader(Loader):
+        def next_batch(self) -> DataProto:
+            batch = super().next_batch()
+            column = np.empty(PROMPTS, dtype=object)
+            column[:] = [{"pixel_values": torch.full((4, 3), float(i))} if i != 1 else {} for i in range(PROMPTS)]
+            batch.non_tensor_batch["multi_modal_inputs"] = column
+            return batch
+
+    service = Recording(random.Random(0))
+    rollouts = _rollouts(service, ImageLoader(), 0, 1)
+    rollouts.fill(0)
+    sent = [r.get("images") for r in service.requests]
+    assert [None if s is None else float(s["pixel_values"][0, 0]) for s in sent] == [0.0, 0.0, None, None, 2.0, 2.0]
+    batch, _ = rollouts.take(0, poll_s=0.0)
+    assert [bool(m) for m in batch.non_tensor_batch["multi_modal_inputs"]] == [True, True, False, False, True, True]

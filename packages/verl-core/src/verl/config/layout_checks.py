@@ -402,7 +402,7 @@ def model_known(cfg: Any) -> bool:
 
 def check_vision_model(ctx: Context) -> List[ConfigProblem]:
     """What a vision-language model trains with: the fsdp actor (data parallel) and the hf rollout (or vllm on a
-    GPU), sync or one step off, one completion per sample, no critic or LoRA; each other choice refused at its
+    GPU, sync or one step off), one completion per sample, no critic or LoRA; each other choice refused at its
     key."""
     kind = model_vision_type(ctx.cfg)
     if kind is None:
@@ -425,9 +425,12 @@ def check_vision_model(ctx: Context) -> List[ConfigProblem]:
         )
         fix = f"set {key}=hf" + (" or vllm" if on_gpu else "")
         problems.append(error_at(key, f"is {got!r}, and {vlm} generates with {' or '.join(rollout_ok)}: {why}", fix))
-    if value(cfg, "trainer.mode") == "async":  # (one_step_off generates whole batches, images and all)
-        why = f"is 'async', and {vlm} trains sync or one_step_off: the rollout service takes token requests without pixels"
-        problems.append(error_at("trainer.mode", why, "set trainer.mode=one_step_off (or sync)"))
+    if value(cfg, "trainer.mode") == "async" and value(cfg, "rollout.backend") == "vllm":
+        why = (
+            f"is 'async', and {vlm} generates with vllm: the rollout service steps vLLM's scheduler with token "
+            "prompts only (the hf rollout's service takes images)"
+        )
+        problems.append(error_at("trainer.mode", why, "set trainer.mode=one_step_off, or rollout.backend=hf"))
     limits = [  # (key, what it must be, why not otherwise)
         ("actor.backend", "fsdp", "megatron-core's multimodal model is not wired to the megatron engine"),
         ("actor.parallel.tp", 1, "tensor parallel plans cover text decoders only"),

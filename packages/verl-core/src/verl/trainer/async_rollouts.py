@@ -102,12 +102,16 @@ class AsyncRollouts:
 
     def _submit(self, slot: Slot, rows, attempt: int = 0) -> None:
         ids = unpadded_prompts(slot.prompts)
+        images = slot.prompts.non_tensor_batch.get("multi_modal_inputs")  # (a vision-language run's pixels)
         requests = []
         for row in rows:
             slot.attempt[row] = attempt
             rid = self.request_id(slot.index, row, attempt)
             self.owner[rid] = (slot, row)
-            requests.append({"id": rid, "prompt": ids[row // slot.n], "temperature": slot.temperature})
+            request = {"id": rid, "prompt": ids[row // slot.n], "temperature": slot.temperature}
+            if images is not None and images[row // slot.n]:
+                request["images"] = images[row // slot.n]
+            requests.append(request)
         groups = [f"{slot.index}:{row // slot.n}" for row in rows]  # a prompt's samples on one replica
         self.client.submit(requests, groups)
 

@@ -29,6 +29,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
+import numpy as np
+
 from verl.protocol import DataProto
 from verl.rollout_batch import left_padded
 
@@ -45,6 +47,7 @@ class Request:
     submitted_at: float = 0.0
     streamed: int = 0  # tokens already handed out by a streaming poll
     engine_id: Optional[str] = None  # its id inside a stepped engine's scheduler, while it is there
+    images: Dict[str, Any] = field(default_factory=dict)  # an image prompt's pixels and grids (multi_modal_inputs)
 
 
 @dataclass
@@ -109,6 +112,11 @@ class RolloutServer:
             for r in requests:
                 if r.id in self.live:
                     raise ValueError(f"request id {r.id!r} is already in flight")
+                if r.images and self.stepped:
+                    raise ValueError(
+                        f"request {r.id!r} has images, and this engine's scheduler ({type(self.engine).__name__}) "
+                        "takes token prompts only: serve image prompts with the hf rollout"
+                    )
                 r.max_tokens = min(r.max_tokens or self.max_new_tokens, self.max_new_tokens)
                 r.submitted_at = time.perf_counter()
                 self.live[r.id] = r
@@ -221,6 +229,10 @@ class RolloutServer:
             start = time.perf_counter()
             version = self.version
             prompts = left_padded([r.prompt + r.tokens for r in turn], self.pad_id)
+            if any(r.images for r in turn):  # (the engine finds the images' places from their pad tokens)
+                column = np.empty(len(turn), dtype=object)
+                column[:] = [r.images for r in turn]
+                prompts.non_tensor_batch["multi_modal_inputs"] = column
             out = self.engine.generate(prompts, n=1, temperature=turn[0].temperature, max_new_tokens=width)
             busy = time.perf_counter() - start
             self._record(turn, out, version, width, busy)
