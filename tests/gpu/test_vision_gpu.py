@@ -48,7 +48,9 @@ def test_vllm_samples_image_prompts_with_the_actors_log_probs(cuda_world_one, em
         device="cuda",
         dtype="float32",
     )
-    rollout = VLLMRollout(RolloutConfig(temperature=1.0, gpu_memory_utilization=0.2), model_path=folder, settings=settings)
+    rollout = VLLMRollout(
+        RolloutConfig(temperature=1.0, gpu_memory_utilization=0.2), model_path=folder, settings=settings
+    )
     optim = OptimConfig(lr=5e-2, weight_decay=0.0)
     actor = FSDPEngine(EngineConfig(model_path=folder, device="cuda", dtype="float32", optim=optim, total_steps=1))
     batch = image_batch(folder, embedded_cache)  # three shapes prompts (one image each) and a text prompt
@@ -57,8 +59,8 @@ def test_vllm_samples_image_prompts_with_the_actors_log_probs(cuda_world_one, em
     prompts = DataProto.from_dict(tensors, dict(batch.non_tensor_batch))
     markers = torch.tensor(vision_token_ids(actor.model.config))
 
-    def check() -> float:
-        out = rollout.generate(prompts, n=2)
+    def check(engine: VLLMRollout) -> float:
+        out = engine.generate(prompts, n=2)
         assert [bool(m) for m in out.non_tensor_batch["multi_modal_inputs"]] == [1, 1, 1, 1, 0, 0, 1, 1]
         mask = out.batch["response_mask"]
         assert mask.sum() > 8 and not torch.isin(out.batch["responses"], markers).any()
@@ -67,11 +69,11 @@ def test_vllm_samples_image_prompts_with_the_actors_log_probs(cuda_world_one, em
         assert diff < GPU_TOL, diff
         return diff
 
-    before = check()
+    before = check(rollout)
     actor.train_step(batch, _nll, micro_batch_size=4)
     moved = rollout.update_weights(actor.weights())
     assert moved == sum(t.numel() * t.element_size() for _, t in actor.weights())  # the vision tower's too
-    after = check()
+    after = check(rollout)
     print(f"{name}: vLLM vs actor log-probs on image prompts, max |diff| {before:.2e}; after a sync {after:.2e}")
     del rollout
     gc.collect()
