@@ -50,11 +50,11 @@ from verl.config.layout_checks import (
     check_rollout_layout,
     check_sequence_parallel,
     check_virtual_pipeline,
-    check_vision_model,
 )
 from verl.config.placement import as_config, value
 from verl.config.plan import Plan, draft_plan, lora_rank
 from verl.config.schema import VerlConfig, field_types, is_section, strip_optional
+from verl.config.vision_checks import check_vision_model
 
 
 def _not_finite(v: Any) -> bool:
