@@ -142,7 +142,7 @@ class FSDPEngine:
         labels = b["responses"].to(self.device)
         images = image_rows(mb)
         pack = self._pack(b, r, image_keys(images) if images is not None else None)
-        vision = vision_inputs(self.model, mb, self.device, pack)  # (pixels, grids and 3-D positions; None: text)
+        vision = vision_inputs(self.model, mb, images, self.device, pack) if images is not None else None
         padded = b["input_ids"].numel()
         self._tokens[0] += int(b["attention_mask"].sum())
         self._tokens[1] += padded

@@ -56,14 +56,15 @@ def vision_tower(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def vision_inputs(
-    model: torch.nn.Module, mb: DataProto, device: torch.device, pack: Optional[PrefixPack] = None
-) -> Optional[Dict[str, torch.Tensor]]:
-    """pixel_values, image_grid_thw and position_ids for a micro-batch with images (None without): [3, B, L] for the
-    padded rows, or laid out as `pack` ([3, G, L] for a shared-prefix pack, [4, 1, T] for a padding-free stream:
-    its 1-D positions first, which is where the model finds the sequences' boundaries)."""
-    rows = image_rows(mb)
-    if rows is None:
-        return None
+    model: torch.nn.Module,
+    mb: DataProto,
+    rows: List[Dict[str, torch.Tensor]],
+    device: torch.device,
+    pack: Optional[PrefixPack] = None,
+) -> Dict[str, torch.Tensor]:
+    """pixel_values, image_grid_thw and position_ids for a micro-batch with images (`rows`: its `image_rows`):
+    [3, B, L] for the padded rows, or laid out as `pack` ([3, G, L] for a shared-prefix pack, [4, 1, T] for a
+    padding-free stream: its 1-D positions first, which is where the model finds the sequences' boundaries)."""
     grid = stacked_images(rows)["image_grid_thw"]  # type: ignore[index]  # (rows has images)
     ids, mask = mb.batch["input_ids"], mb.batch["attention_mask"]
     config: Any = model.config  # (a transformers model's)

@@ -10,18 +10,12 @@ grid and the same patches from them; a picture it would resize again is refused,
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Sequence
 
 import numpy as np
 import torch
 from PIL import Image
-
-# Qwen2-VL's image processor's defaults (OpenAI CLIP's normalization)
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 @dataclass(frozen=True)
@@ -39,18 +33,20 @@ class PatchLayout:
 
     @classmethod
     def of_folder(cls, model_dir: str) -> "PatchLayout":
-        with open(os.path.join(model_dir, "preprocessor_config.json")) as f:
-            c = json.load(f)
-        size = c.get("size") or {}
+        """The layout the model's own image processor (its folder's preprocessor_config.json) cuts with."""
+        from transformers import AutoImageProcessor
+
+        p = AutoImageProcessor.from_pretrained(model_dir)
+        size = p.size  # (Qwen2-VL's processors keep their pixel bounds as shortest_edge / longest_edge)
         return cls(
-            patch=int(c.get("patch_size", 14)),
-            temporal=int(c.get("temporal_patch_size", 2)),
-            merge=int(c.get("merge_size", 2)),
-            mean=tuple(c.get("image_mean") or CLIP_MEAN),
-            std=tuple(c.get("image_std") or CLIP_STD),
-            rescale=float(c.get("rescale_factor", 1 / 255)),
-            min_pixels=int(c.get("min_pixels") or size.get("shortest_edge") or 56 * 56),
-            max_pixels=int(c.get("max_pixels") or size.get("longest_edge") or 28 * 28 * 1280),
+            patch=int(p.patch_size),
+            temporal=int(p.temporal_patch_size),
+            merge=int(p.merge_size),
+            mean=tuple(p.image_mean),
+            std=tuple(p.image_std),
+            rescale=float(p.rescale_factor),
+            min_pixels=int(getattr(size, "min_pixels", None) or size["shortest_edge"]),
+            max_pixels=int(getattr(size, "max_pixels", None) or size["longest_edge"]),
         )
 
     def check_unchanged(self, picture: Image.Image) -> None:
